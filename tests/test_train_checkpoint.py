@@ -68,6 +68,8 @@ def test_kill_during_save_then_resume_is_exact(tmp_path_factory, tmp_path):
     r = run_main(cfg)  # the same command again
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "step_0000003" in r.stdout
+    # The budget at start: global batch 8 x seq 32 = 256 tokens per step, 8 steps.
+    assert "256 tokens/step x 8 steps = 2.05K tokens" in r.stdout
     assert not (ckpts / "step_0000006.tmp").exists()
     mb, mr = metrics(base), metrics(run)
     assert sorted(mr) == list(range(1, 9))  # steps 4..6 of the killed run were replaced

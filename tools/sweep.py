@@ -3,7 +3,8 @@
 
     python tools/sweep.py write       # (re)write configs/paper/*.yaml and slurm/NAME.sh
     python tools/sweep.py check       # exit 1 if a checked-in file differs from the grid
-    python tools/sweep.py list        # the runs, one per line
+    python tools/sweep.py list        # the runs: seq len, batch layout, tokens per step, total
+    python tools/sweep.py list --markdown   # the same as a markdown table (docs/reproduce.md)
     python tools/sweep.py run-dir CONFIG [--set key=value ...]   # print the run folder
 
 The grid lives in pretrain/sweep.py; edit it there, then run `write`.
@@ -21,8 +22,10 @@ sys.path.insert(0, str(REPO))
 
 from pretrain.config import ConfigError  # noqa: E402
 from pretrain.sweep import (  # noqa: E402
+    budget_warnings,
     char_configs,
     check_configs,
+    format_table,
     paper_runs,
     run_dir_of,
     stale_files,
@@ -37,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("write", help="write every generated config and job script; list what changed")
     sub.add_parser("check", help="exit 1 and name the files that differ from the grid")
-    sub.add_parser("list", help="print each run: name, job script, config, description")
+    p = sub.add_parser("list", help="print each run: seq len, global batch, micro batch, "
+                       "accumulation, tokens per step, total tokens, nodes x GPUs")
+    p.add_argument("--markdown", action="store_true", help="print a markdown table")
     p = sub.add_parser("run-dir", help="print the run folder (logging.run_dir) of a config")
     p.add_argument("config", help="run config YAML")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -47,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     try:
+        # A run whose tokens differ from its grid's budget is legal (a deliberate change) but
+        # never silent: every command says so before it does anything else.
+        for line in budget_warnings():
+            print(f"warning: {line}", file=sys.stderr)
         if args.command == "write":
             changed = write_files(REPO)
             check_configs(REPO)
@@ -66,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
             check_configs(REPO)
             print(f"{len(paper_runs())} paper runs and {len(char_configs())} char configs match the grid")
         elif args.command == "list":
-            for run in paper_runs():
-                print(f"{run.name:30s} {run.script_path:40s} {run.description}")
+            print(format_table(markdown=args.markdown))
         else:
             # Arguments meant for main.py other than --set (e.g. --print-config) are ignored.
             print(run_dir_of(args.config, args.overrides))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # a run of the grid that cannot be laid out (pretrain/sweep.py)
+        print(f"grid error: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -267,6 +267,14 @@ def _text_per_token(tok, valid, n: int = 256) -> dict[str, float]:
     return out
 
 
+def format_tokens(n: int) -> str:
+    """1_234 -> '1.23K', 100_663_296_000 -> '100.66B': a token count a person reads at a glance."""
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
 def _take(it: Iterator, n: int) -> list:
     out = []
     for _ in range(n):
@@ -430,7 +438,8 @@ def _train(cfg: Config, data: DataSource | None, save_checkpoints: bool, stop: _
         f"without embeddings), rotary dims {cfg.model.rope_dims}/{cfg.model.head_dim}; "
         f"{env.world_size} rank(s) on {device.type}, {t.precision}, ZeRO-{t.zero_stage}; "
         f"global batch {t.global_batch_size} = {t.micro_batch_size} x {gas} accumulation "
-        f"x {env.world_size} ranks, {tokens_per_step:,} tokens/step",
+        f"x {env.world_size} ranks; {tokens_per_step:,} tokens/step x {t.train_iters:,} steps "
+        f"= {format_tokens(tokens_per_step * t.train_iters)} tokens",
     )
 
     monitor = Monitor(run_dir, env.is_main, cfg.logging.tensorboard, resume_step=step)
