@@ -241,6 +241,22 @@ class LoggingConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Log the run's scalars to Weights & Biases too (the paper's runs did); off by default.
+
+    Needs `pip install wandb`. WANDB_MODE=offline (or mode: offline) writes locally for a later
+    `wandb sync`."""
+
+    enabled: bool = False
+    project: str = "pretrain"
+    entity: str | None = None
+    name: str | None = None  # null = the run folder's name
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] | None = None  # null = WANDB_MODE or online
+
+
+@dataclass
 class Config:
     """One training run. YAML sections map to these fields; see docs/configuration.md."""
 
@@ -251,6 +267,11 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    # Your own callbacks (docs/training.md, "Callbacks"): each entry names a class by its
+    # dotted path under `class:`; the other keys are passed to its constructor.
+    #   callbacks: [{class: mylab.probes.GradHistogram, every: 100}]
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def seq_len(self) -> int:
@@ -480,6 +501,7 @@ __all__ = [
     "OptimConfig",
     "ScheduleConfig",
     "TrainConfig",
+    "WandbConfig",
     "apply_overrides",
     "deep_merge",
     "field",

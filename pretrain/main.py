@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
             return 0
-        from pretrain.train.engine import train
+        from pretrain.train.trainer import train
 
         return train(cfg)
     except ConfigError as e:

@@ -22,8 +22,6 @@ batches; 4 nodes of 8 GPUs, pure data parallelism.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from typing import Any
 import yaml
 
 from pretrain.config import load_config
+from pretrain.run_layout import atomic_write
 
 # ----------------------------------------------------------------------------- the grid
 
@@ -414,11 +413,7 @@ def write_files(repo: Path, runs: list[Run] | None = None) -> list[str]:
         if path.is_file() and path.read_text() == text:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755 if rel.endswith(".sh") else 0o644)
-        os.replace(tmp, path)
+        atomic_write(path, text, fsync=False, mode=0o755 if rel.endswith(".sh") else 0o644)
         changed.append(rel)
     return changed
 

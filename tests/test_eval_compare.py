@@ -12,7 +12,8 @@ import yaml
 from conftest import REPO
 
 from pretrain.config import Config, to_dict
-from pretrain.train.monitor import Monitor
+from pretrain.run_layout import CONFIG_FILE, RunLayout
+from pretrain.train.callbacks import MetricsFile, StepOutput
 
 
 def load_cli():
@@ -22,6 +23,20 @@ def load_cli():
     return module
 
 
+def write_metrics(run, rows, resume_step=0):
+    """Rows {step: scalars} through training's own writer, as a run (resumed at
+    `resume_step`) writes them."""
+    from types import SimpleNamespace
+
+    writer = MetricsFile()
+    trainer = SimpleNamespace(is_main=True, layout=RunLayout(run), step=resume_step)
+    writer.on_train_start(trainer)
+    for step, scalars in rows:
+        writer.on_step_end(trainer, StepOutput(step, 0.0, None, 0.0, 0, 0.0, False, None, False,
+                                               scalars=scalars))
+    writer.on_fit_end(trainer, 0)
+
+
 def make_run(root, name, seed, theta, valid_losses, arc_easy=None, lambada_ppl=None):
     run = root / name
     cfg = to_dict(Config())
@@ -29,11 +44,9 @@ def make_run(root, name, seed, theta, valid_losses, arc_easy=None, lambada_ppl=N
     cfg["model"]["rope_theta"] = theta
     cfg["logging"]["run_dir"] = str(run)
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
-    mon = Monitor(run, enabled=True, tensorboard=False)  # training's own writer
-    for step, loss in valid_losses:
-        mon.scalars(step, {"train/loss": loss + 0.1, "valid/loss": loss, "valid/bits_per_byte": loss / 3})
-    mon.close()
+    (run / CONFIG_FILE).write_text(yaml.safe_dump(cfg))
+    write_metrics(run, [(step, {"train/loss": loss + 0.1, "valid/loss": loss,
+                                "valid/bits_per_byte": loss / 3}) for step, loss in valid_losses])
     if arc_easy is not None:
         ev = run / "eval" / "step_0000100"
         ev.mkdir(parents=True)
@@ -114,11 +127,8 @@ def test_loss_plot_reads_curves_and_spikes(tmp_path):
     from pretrain.eval.plots import plot_loss_curves, read_curves
 
     run = make_run(tmp_path, "r", 1, 10000.0, [(10, 3.0), (20, 2.5)])
-    mon = Monitor(run, enabled=True, tensorboard=False, resume_step=20)  # continues the run
-    for step in range(1, 31):
-        mon.scalars(step, {"train/loss": 5.0 / step})
-    mon.scalars(17, {"spikes/loss": 9.0, "spikes/score": 12.0})
-    mon.close()
+    rows = [(step, {"train/loss": 5.0 / step}) for step in range(1, 31)]
+    write_metrics(run, [*rows, (17, {"spikes/loss": 9.0, "spikes/score": 12.0})], resume_step=20)
     c = read_curves(run)
     assert [s for s, _ in c.valid] == [10, 20] and c.spikes == [(17, 9.0)]
     assert len(c.train) == 30 + 2  # make_run logged train/loss with each valid/loss

@@ -11,7 +11,7 @@ import torch
 from train_support import baseline_run, metrics, tiny_config
 
 from pretrain.config import Config, from_dict
-from pretrain.train.monitor import SpikeDetector
+from pretrain.train.callbacks import SpikeDetector
 
 SPIKE_STEP = 40
 
@@ -53,7 +53,8 @@ def _config(run, data) -> Config:
 def _train(cfg: Config, inject_at: int | None) -> int:
     """Train on the real stdlib data; optionally replace one step's batch with random bytes."""
     from pretrain.data.dataset import build_datasets, make_loader, tokenizer_for_data
-    from pretrain.train.engine import DataSource, train
+    from pretrain.data.pipeline import DataSource
+    from pretrain.train.trainer import train
 
     t = cfg.train
     train_ds, valid_ds = build_datasets(

@@ -12,21 +12,19 @@ eval/<step>/lm_eval_results.json written by tools/evaluate.py. Accuracies are th
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pretrain.eval.compare import CompareError, compare, markdown_report, to_csv  # noqa: E402
+from pretrain.run_layout import atomic_write  # noqa: E402
 
 
 def _write(path: str, text: str) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+    atomic_write(out, text, fsync=False)
 
 
 def main(argv=None) -> int:

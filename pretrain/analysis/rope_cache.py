@@ -12,8 +12,8 @@ with the formula, so the table cannot drift from the code.
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ import torch
 from pretrain.config import ConfigError, ModelConfig, rotary_dims_from_fraction
 from pretrain.model.rope import rope_cache_bytes
 from pretrain.model.transformer import Transformer
+from pretrain.run_layout import atomic_write
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # The paper's fractions: NoPE, the 1% / 4% minimum (2 dims), 10%, 25%, ..., full RoPE.
@@ -248,10 +249,10 @@ def plot_cache(
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    atomic_write(path, buf.getvalue(), fsync=False)
     return path
 
 

@@ -531,9 +531,9 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         from pathlib import Path
 
+        from pretrain.run_layout import atomic_write
+
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(result, indent=2), fsync=False)
         print(f"wrote {path}")

@@ -112,7 +112,9 @@ def build_config(args: argparse.Namespace, run_dir: str, world_size: int) -> Con
 def run(args: argparse.Namespace) -> None:
     import os
 
-    from pretrain.train.engine import DataSource, train
+    from pretrain.data.pipeline import DataSource
+    from pretrain.run_layout import read_metrics
+    from pretrain.train.trainer import train
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,7 +126,7 @@ def run(args: argparse.Namespace) -> None:
         train(cfg, DataSource(ds, None, make_loader), save_checkpoints=False)
         if os.environ.get("RANK", "0") != "0":
             return
-        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(tmp)
     timed = [r for r in rows if r["step"] > args.warmup and "perf/tokens_per_s" in r]
     med = {
         k: statistics.median(r[k] for r in timed)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.run_layout import atomic_write
+
 META_FILE = "tokenizer_meta.json"
 EOD_TEXT = "<|endoftext|>"
 # End-of-document tokens of common tokenizers, most common first.
@@ -39,12 +41,6 @@ class TokenizerError(ValueError):
 
 def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 class Tokenizer(ABC):
@@ -103,7 +99,7 @@ class Tokenizer(ABC):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._save_files(directory)
-        _atomic_write(directory / META_FILE, (json.dumps(self.describe(), indent=2) + "\n").encode())
+        atomic_write(directory / META_FILE, (json.dumps(self.describe(), indent=2) + "\n").encode())
         return directory
 
     def __repr__(self) -> str:
@@ -162,7 +158,7 @@ class HFTokenizer(Tokenizer):
         return {**super().describe(), "eod_token": self.eod_token}
 
     def _save_files(self, directory: Path) -> None:
-        _atomic_write(directory / self.FILE, self._data)
+        atomic_write(directory / self.FILE, self._data)
 
 
 # ----------------------------------------------------------------------------- SentencePiece
@@ -216,7 +212,7 @@ class SentencePieceTokenizer(Tokenizer):
         return "".join(parts)
 
     def _save_files(self, directory: Path) -> None:
-        _atomic_write(directory / self.FILE, self._data)
+        atomic_write(directory / self.FILE, self._data)
 
 
 # ----------------------------------------------------------------------------- characters
@@ -289,7 +285,7 @@ class CharTokenizer(Tokenizer):
 
     def _save_files(self, directory: Path) -> None:
         payload = {"chars": self.chars, "name": self.name}
-        _atomic_write(directory / self.FILE, json.dumps(payload, ensure_ascii=True).encode())
+        atomic_write(directory / self.FILE, json.dumps(payload, ensure_ascii=True).encode())
 
 
 # ----------------------------------------------------------------------------- bytes

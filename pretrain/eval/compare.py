@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 
 from pretrain.eval.tables import MISSING, PAPER_COLUMNS, PPL_COLUMNS, markdown_table, metric
+from pretrain.run_layout import CONFIG_FILE, EVAL_DIR, RunLayout, read_metrics, step_tag
 
 RESULTS_JSON = "lm_eval_results.json"
-METRICS_FILE = "metrics.jsonl"
 # Keys that differ between the seeds of one experiment without changing the experiment.
 _RUN_SPECIFIC = (("train", "seed"), ("logging", "run_dir"), ("checkpoint", "dir"))
 _SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)[-_]?\d+$")
@@ -57,10 +57,11 @@ class RunSummary:
 
 
 def _read_config(run: Path) -> dict[str, Any] | None:
-    candidates = [run / "config.yaml"]
-    latest = run / "checkpoints" / "latest"
-    if latest.is_file():
-        candidates.append(run / "checkpoints" / latest.read_text().strip() / "config.yaml")
+    layout = RunLayout(run)
+    candidates = [layout.config]
+    tag = layout.latest_tag()
+    if tag is not None:
+        candidates.append(layout.checkpoints / tag / CONFIG_FILE)
     for path in candidates:
         if path.is_file():
             try:
@@ -71,16 +72,9 @@ def _read_config(run: Path) -> dict[str, Any] | None:
 
 
 def _valid_losses(run: Path) -> dict[str, float]:
-    path = run / METRICS_FILE
-    if not path.is_file():
-        return {}
     losses: list[tuple[int, float]] = []
     bpb: list[tuple[int, float]] = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
+    for row in read_metrics(run):
         if "valid/loss" in row:
             losses.append((row.get("step", 0), float(row["valid/loss"])))
         if "valid/bits_per_byte" in row:
@@ -97,9 +91,9 @@ def _valid_losses(run: Path) -> dict[str, float]:
 
 
 def _newest_eval(run: Path, step: int | None) -> Path | None:
-    root = run / "eval"
+    root = run / EVAL_DIR
     if step is not None:
-        path = root / f"step_{step:07d}" / RESULTS_JSON
+        path = root / step_tag(step) / RESULTS_JSON
         return path if path.is_file() else None
     found = sorted(root.glob(f"step_*/{RESULTS_JSON}"))
     return found[-1] if found else None

@@ -6,10 +6,12 @@ copied from a cluster without TensorBoard.
 
 from __future__ import annotations
 
-import json
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pretrain.run_layout import atomic_write, read_metrics
 
 
 @dataclass
@@ -23,17 +25,8 @@ class Curves:
 def read_curves(run: str | Path) -> Curves:
     run = Path(run)
     curves = Curves(run.name)
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return curves
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-        step = row.get("step")
-        if step is None:
-            continue
+    for row in read_metrics(run):
+        step = row["step"]
         for key, dest in (("train/loss", curves.train), ("valid/loss", curves.valid),
                           ("spikes/loss", curves.spikes)):
             if key in row and row[key] is not None:
@@ -90,8 +83,8 @@ def plot_loss_curves(runs: list[str | Path], out: str | Path, smoothing: float =
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
-    tmp.replace(out)
+    atomic_write(out, buf.getvalue(), fsync=False)
     return out

@@ -24,7 +24,8 @@ from pretrain.config import ConfigError
 from pretrain.eval.tables import fmt, markdown_table, paper_tables
 from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
-from pretrain.model.weights import CHECKPOINTS_DIR, find_weights_dir
+from pretrain.model.weights import find_weights_dir
+from pretrain.run_layout import CHECKPOINTS_DIR, EVAL_DIR, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +48,11 @@ class EvalOutcome:
     skipped: list[str] = field(default_factory=list)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def default_output_dir(weights_dir: Path) -> Path:
     """RUN/eval/<step tag> for a checkpoint of a run; WEIGHTS/eval otherwise."""
     if weights_dir.parent.name == CHECKPOINTS_DIR:
-        return weights_dir.parent.parent / "eval" / weights_dir.name
-    return weights_dir / "eval"
+        return weights_dir.parent.parent / EVAL_DIR / weights_dir.name
+    return weights_dir / EVAL_DIR
 
 
 def prepared_data_dir(data_dir: Path) -> Path:
@@ -192,7 +187,7 @@ def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, d
         import lm_eval
 
         path = out / RESULTS_JSON
-        _atomic_write_text(path, json.dumps(outcome.results, indent=2, default=handle_non_serializable,
+        atomic_write(path, json.dumps(outcome.results, indent=2, default=handle_non_serializable,
                                             ensure_ascii=False) + "\n")
         outcome.files.append(path)
         lines += [f"- lm-eval-harness {lm_eval.__version__}, tasks: {', '.join(tasks)}",
@@ -205,11 +200,11 @@ def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, d
                   "the others. value (stderr).", "", paper_tables(outcome.results, label)]
     if outcome.valid is not None:
         path = out / VALID_JSON
-        _atomic_write_text(path, json.dumps(outcome.valid, indent=2) + "\n")
+        atomic_write(path, json.dumps(outcome.valid, indent=2) + "\n")
         outcome.files.append(path)
         lines += ["", "## Validation", "", valid_table(outcome.valid)]
     path = out / RESULTS_MD
-    _atomic_write_text(path, "\n".join(lines) + "\n")
+    atomic_write(path, "\n".join(lines) + "\n")
     outcome.files.append(path)
 
 

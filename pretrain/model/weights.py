@@ -11,7 +11,6 @@ Files are written to a temporary name and renamed, so a crash never leaves half 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,9 @@ import yaml
 
 from pretrain.config import ConfigError, ModelConfig, from_dict, to_dict
 from pretrain.model.transformer import Transformer
+from pretrain.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, atomic_write, step_tag
 
 WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.yaml"
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_weights(model: Transformer, directory: str | Path, config: dict[str, Any] | None = None,
@@ -49,8 +39,8 @@ def save_weights(model: Transformer, directory: str | Path, config: dict[str, An
         state[name] = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous().cpu()
     full = dict(config or {})
     full["model"] = to_dict(model.cfg)
-    _atomic_write_bytes(directory / CONFIG_FILE, yaml.safe_dump(full, sort_keys=False).encode())
-    _atomic_write_bytes(directory / WEIGHTS_FILE, save(state))
+    atomic_write(directory / CONFIG_FILE, yaml.safe_dump(full, sort_keys=False))
+    atomic_write(directory / WEIGHTS_FILE, save(state))
     return directory
 
 
@@ -86,19 +76,6 @@ def load_weights(directory: str | Path, device: str | torch.device = "cpu",
     if dtype is not None:
         model.to(dtype)
     return model.eval(), config
-
-
-# Run folder layout (written by pretrain/train/checkpoint.py, read by evaluation and export):
-#   RUN/config.yaml                       resolved config of the run
-#   RUN/checkpoints/latest                text file: the tag of the newest complete checkpoint
-#   RUN/checkpoints/step_0001000/         one checkpoint: DeepSpeed's files plus a weights
-#                                         folder's files (model.safetensors, config.yaml, tokenizer/)
-CHECKPOINTS_DIR = "checkpoints"
-LATEST_FILE = "latest"
-
-
-def step_tag(step: int) -> str:
-    return f"step_{step:07d}"
 
 
 def find_weights_dir(path: str | Path, step: int | None = None) -> Path:

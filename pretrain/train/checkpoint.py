@@ -1,6 +1,6 @@
 """Checkpoints that survive being killed at any moment, and auto-resume.
 
-One checkpoint is a folder RUN/checkpoints/step_0001000/ holding
+One checkpoint is a folder RUN/checkpoints/step_0001000/ (names: pretrain/run_layout.py) holding
     DeepSpeed's files            model, optimizer (ZeRO shards), LR scheduler
     rng/rank_00000.pt ...        python, numpy and torch RNG states of every rank
     trainer_state.json           step, samples and tokens consumed, data position, the
@@ -29,20 +29,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.model.weights import CHECKPOINTS_DIR, LATEST_FILE, step_tag
+from pretrain.run_layout import (
+    DELETING_SUFFIX,
+    LATEST_FILE,
+    RNG_DIR,
+    STATE_FILE,
+    TMP_SUFFIX,
+    atomic_write,
+    step_tag,
+)
 from pretrain.train.distributed import barrier
 
-STATE_FILE = "trainer_state.json"
-RNG_DIR = "rng"
-TMP_SUFFIX = ".tmp"
-DELETING_SUFFIX = ".deleting"
 # Fault-injection hook for tests, "STEP:SECONDS": when saving STEP, rank 0 waits after the
 # files are written and before the folder is committed, so a test can kill it mid-save.
 _PAUSE_ENV = "PRETRAIN_TEST_PAUSE_BEFORE_COMMIT"
-
-
-def checkpoints_dir(run_dir: str | Path, override: str | None = None) -> Path:
-    return Path(override) if override else Path(run_dir) / CHECKPOINTS_DIR
 
 
 def _fsync_tree(root: Path) -> None:
@@ -62,16 +62,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def is_complete(folder: Path) -> bool:
@@ -177,7 +167,7 @@ class Checkpointer:
                 shutil.rmtree(old)
             os.rename(tmp, final)
             _fsync_dir(self.dir)
-            _write_atomic(self.dir / LATEST_FILE, tag)
+            atomic_write(self.dir / LATEST_FILE, tag)
             self._retain()
         barrier()
         return final

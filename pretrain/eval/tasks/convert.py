@@ -24,12 +24,13 @@ import argparse
 import ast
 import json
 import logging
-import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pretrain.run_layout import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -238,9 +239,7 @@ def _write_if_changed(path: Path, data: bytes) -> None:
     # Unchanged files keep their mtime, so the datasets library reuses its cache of them.
     if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
         return
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write(path, data, fsync=False)
 
 
 def prepare_task_data(tasks: Sequence[str], data_dir: str | Path,

@@ -1,0 +1,212 @@
+"""Every rule that spans more than one config field, in one place.
+
+`pretrain/config.py` checks each field alone as it loads (types, unknown keys, the model's
+own shape rules). What needs two fields, the world size or the filesystem is checked here,
+once, before a process group or a model exists: batch divisibility, the schedule, sequence
+lengths, precision and ZeRO, intervals, data paths, the tokenizer against the vocabulary,
+W&B and user callbacks. Every error is a `ConfigError` that names the field and the fix.
+The engine, the schedule and the data pipeline trust what passed here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+from pretrain.config import Config, ConfigError
+
+
+def grad_accum_steps(cfg: Config, world_size: int) -> int:
+    """global batch = micro batch x accumulation x world size; refuse what does not divide."""
+    t = cfg.train
+    for name in ("global_batch_size", "micro_batch_size", "train_iters"):
+        if getattr(t, name) <= 0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be a positive integer")
+    per_step = t.micro_batch_size * world_size
+    if t.global_batch_size % per_step:
+        lo = max(per_step, t.global_batch_size // per_step * per_step)
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by "
+            f"train.micro_batch_size={t.micro_batch_size} x world size {world_size} = {per_step}; "
+            f"set train.global_batch_size to a multiple of {per_step} (e.g. {lo} or {lo + per_step}) "
+            f"or change train.micro_batch_size"
+        )
+    return t.global_batch_size // per_step
+
+
+def check_config(cfg: Config, world_size: int, check_data: bool = True) -> int:
+    """All cross-field rules; `check_data=False` skips the data paths (in-memory data, or a
+    recipe that builds them later). Returns the gradient accumulation steps."""
+    gas = grad_accum_steps(cfg, world_size)
+    _check_train(cfg)
+    _check_schedule(cfg)
+    _check_logging(cfg)
+    if check_data:
+        _check_data_fields(cfg)
+        if cfg.data.recipe is None:  # a recipe builds data.train[0] at start
+            check_data_paths(cfg)
+    check_wandb(cfg)
+    for i, spec in enumerate(cfg.callbacks):
+        callback_class(spec, f"callbacks[{i}]")
+    return gas
+
+
+def _check_train(cfg: Config) -> None:
+    t = cfg.train
+    if cfg.seq_len > cfg.model.max_seq_len:
+        raise ConfigError(
+            f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}; "
+            f"lower train.seq_len or raise model.max_seq_len"
+        )
+    if t.zero_stage not in (0, 1, 2):
+        raise ConfigError(
+            f"train.zero_stage={t.zero_stage} is not supported; use 0, 1 or 2 "
+            f"(1 shards optimizer states, 2 also gradients)"
+        )
+    if t.precision == "bf16" and t.grad_accum_dtype == "fp32" and t.zero_stage == 0:
+        raise ConfigError(
+            "train.zero_stage=0 cannot accumulate bf16 gradients in fp32 in DeepSpeed; "
+            "use train.zero_stage=1 (the paper's setting) or grad_accum_dtype=bf16"
+        )
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr={cfg.optim.lr} must be > 0")
+    if cfg.optim.grad_clip < 0:
+        raise ConfigError(f"optim.grad_clip={cfg.optim.grad_clip} must be >= 0 (0 = no clipping)")
+    if t.eval_interval < 0 or t.eval_iters < 0:
+        raise ConfigError(
+            "train.eval_interval and train.eval_iters must be >= 0 (0 = no evaluation)"
+        )
+
+
+def _check_schedule(cfg: Config) -> None:
+    s, n = cfg.schedule, cfg.train.train_iters
+    if s.warmup_steps is not None and not 0 <= s.warmup_steps <= n:
+        raise ConfigError(
+            f"schedule.warmup_steps={s.warmup_steps} must be in [0, train.train_iters={n}]"
+        )
+    if s.warmup_steps is None and not 0.0 <= (s.warmup_fraction or 0.0) <= 1.0:
+        raise ConfigError(
+            f"schedule.warmup_fraction={s.warmup_fraction} must be in [0, 1] "
+            f"(0.05 = 5% of train_iters)"
+        )
+    if not 0.0 <= s.min_lr_ratio <= 1.0:
+        raise ConfigError(
+            f"schedule.min_lr_ratio={s.min_lr_ratio} must be in [0, 1] "
+            f"(0.1 = decay to 10% of optim.lr)"
+        )
+
+
+def _check_logging(cfg: Config) -> None:
+    for key, value in (
+        ("logging.log_interval", cfg.logging.log_interval),
+        ("checkpoint.interval", cfg.checkpoint.interval),
+        ("checkpoint.keep_last", cfg.checkpoint.keep_last),
+    ):
+        if value <= 0:
+            raise ConfigError(f"{key}={value} must be a positive integer")
+    if cfg.logging.spike_window < 2:
+        raise ConfigError(f"logging.spike_window={cfg.logging.spike_window} must be >= 2")
+    if cfg.logging.max_logit_interval < 0:
+        raise ConfigError(
+            f"logging.max_logit_interval={cfg.logging.max_logit_interval} must be >= 0 (0 = off)"
+        )
+
+
+def _check_data_fields(cfg: Config) -> None:
+    d = cfg.data
+    if not d.train:
+        raise ConfigError(
+            "data.train is empty; give at least one prepared dataset "
+            "(tools/prepare_data.py --output DIR, then data.train: [DIR])"
+        )
+    if d.train_weights is not None:
+        if len(d.train_weights) != len(d.train):
+            raise ConfigError(
+                f"data.train_weights has {len(d.train_weights)} entries but "
+                f"data.train has {len(d.train)}; give one weight per dataset"
+            )
+        if any(w < 0 for w in d.train_weights) or sum(d.train_weights) <= 0:
+            raise ConfigError(
+                f"data.train_weights={list(d.train_weights)} must be non-negative with a "
+                f"positive sum"
+            )
+    if d.num_workers < 0:
+        raise ConfigError(f"data.num_workers={d.num_workers} must be >= 0 (0 = in-process)")
+
+
+def _check_data_path(key: str, path: str) -> None:
+    p = Path(path)
+    if p.is_dir() or (Path(path + ".bin").is_file() and Path(path + ".idx").is_file()):
+        return
+    raise ConfigError(
+        f"{key}={path!r} not found: give a folder written by tools/prepare_data.py "
+        f"or a megatron-core prefix with PREFIX.bin and PREFIX.idx"
+    )
+
+
+def check_data_paths(cfg: Config) -> None:
+    for i, p in enumerate(cfg.data.train):
+        _check_data_path(f"data.train[{i}]", p)
+    for i, p in enumerate(cfg.data.valid):
+        _check_data_path(f"data.valid[{i}]", p)
+
+
+def check_vocab(cfg: Config, tokenizer_vocab_size: int) -> None:
+    """The model's vocabulary must hold every id the tokenizer of the data can produce."""
+    if tokenizer_vocab_size > cfg.model.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
+            f"vocabulary ({tokenizer_vocab_size}); set model.vocab_size={tokenizer_vocab_size}"
+        )
+
+
+def check_wandb(cfg: Config) -> None:
+    if cfg.wandb.enabled and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            "wandb.enabled=true but wandb is not installed; pip install wandb, "
+            "or --set wandb.enabled=false"
+        )
+
+
+def callback_class(spec: dict[str, Any], key: str = "callbacks[0]") -> type:
+    """The class a `callbacks:` entry names, after checking that it exists, is a Callback,
+    and accepts the entry's other keys as constructor arguments."""
+    from pretrain.train.callbacks import Callback
+
+    path = spec.get("class")
+    if not isinstance(path, str) or "." not in path:
+        raise ConfigError(
+            f"{key}.class={path!r} must name a class by its dotted path, "
+            f"e.g. {{class: mylab.callbacks.MyCallback}}"
+        )
+    module_name, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"{key}.class={path!r}: cannot import {module_name} ({e}); put it on PYTHONPATH "
+            f"or install its package"
+        ) from None
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise ConfigError(
+            f"{key}.class={path!r} is not a subclass of pretrain.train.callbacks.Callback"
+        )
+    kwargs = {k: v for k, v in spec.items() if k != "class"}
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{key}: {path} does not accept {sorted(kwargs)} ({e})") from None
+    return cls
+
+
+__all__ = [
+    "callback_class",
+    "check_config",
+    "check_data_paths",
+    "check_vocab",
+    "check_wandb",
+    "grad_accum_steps",
+]

@@ -1,0 +1,74 @@
+"""Callbacks: everything the training loop does besides the step itself.
+
+The config chooses them (`build_callbacks`): the built-in ones below, configured by the
+`logging`, `checkpoint` and `wandb` sections, then the user's own from `callbacks:` (a
+dotted class path and its arguments), which run after evaluation and before the writers,
+so they see every built-in scalar of the step and may add their own.
+"""
+
+from __future__ import annotations
+
+from pretrain.train.callbacks.base import Callback, StepOutput
+from pretrain.train.callbacks.checkpointing import Checkpointing
+from pretrain.train.callbacks.console import ConsoleProgress, Samples
+from pretrain.train.callbacks.evaluation import Evaluation
+from pretrain.train.callbacks.max_logit import MaxLogitMonitor
+from pretrain.train.callbacks.preemption import Preemption
+from pretrain.train.callbacks.speed import SpeedMonitor
+from pretrain.train.callbacks.spikes import Spike, SpikeDetector, SpikeMonitor
+from pretrain.train.callbacks.writers import MetricsFile, TensorBoard, WandbLogger
+
+
+def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
+    """The callbacks a config asks for, in the order they run on each hook."""
+    from pretrain.config_checks import callback_class
+
+    log = cfg.logging
+    out: list[Callback] = [Preemption(), SpeedMonitor(),
+                           SpikeMonitor(log.spike_window, log.spike_threshold)]
+    if log.max_logit_interval > 0:
+        out.append(MaxLogitMonitor(log.max_logit_interval))
+    out += [ConsoleProgress(), Evaluation()]
+    for i, spec in enumerate(cfg.callbacks):
+        cls = callback_class(spec, f"callbacks[{i}]")
+        out.append(cls(**{k: v for k, v in spec.items() if k != "class"}))
+    out.append(MetricsFile())
+    if log.tensorboard:
+        out.append(TensorBoard())
+    if cfg.wandb.enabled:
+        w = cfg.wandb
+        out.append(WandbLogger(w.project, w.entity, w.name, w.group, w.tags, w.mode))
+    if save_checkpoints:
+        out.append(Checkpointing())
+    out.append(Samples())
+    out.append(_EndSummary())
+    return out
+
+
+class _EndSummary(Callback):
+    """Where the results are, once a run has finished."""
+
+    def on_fit_end(self, trainer, exit_code) -> None:
+        if exit_code == 0 and trainer.train_started:
+            trainer.log(f"TensorBoard: tensorboard --logdir {trainer.layout.root}")
+            trainer.log(f"metrics:     {trainer.layout.metrics}")
+
+
+__all__ = [
+    "Callback",
+    "Checkpointing",
+    "ConsoleProgress",
+    "Evaluation",
+    "MaxLogitMonitor",
+    "MetricsFile",
+    "Preemption",
+    "Samples",
+    "SpeedMonitor",
+    "Spike",
+    "SpikeDetector",
+    "SpikeMonitor",
+    "StepOutput",
+    "TensorBoard",
+    "WandbLogger",
+    "build_callbacks",
+]

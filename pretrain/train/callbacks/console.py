@@ -1,0 +1,87 @@
+"""What a person reads: the start-up summary, one line per logged step with ETA, and the end."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from pretrain.train.callbacks.base import Callback, StepOutput
+
+
+def format_eta(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+def format_tokens(n: int) -> str:
+    """1_234 -> '1.23K', 100_663_296_000 -> '100.66B': a token count read at a glance."""
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+class ConsoleProgress(Callback):
+    """Rank 0's console: model and batch at start, `step i/N | loss | lr | ... | ETA`, the end."""
+
+    def on_train_start(self, trainer) -> None:
+        cfg, t, m = trainer.cfg, trainer.cfg.train, trainer.module
+        tokens = trainer.tokens_per_step
+        trainer.log(
+            f"model: {m.num_params() / 1e6:.2f}M parameters ({m.num_params(True) / 1e6:.2f}M "
+            f"without embeddings), rotary dims {cfg.model.rope_dims}/{cfg.model.head_dim}; "
+            f"{trainer.env.world_size} rank(s) on {trainer.device.type}, {t.precision}, "
+            f"ZeRO-{t.zero_stage}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
+            f"{trainer.grad_accum} accumulation x {trainer.env.world_size} ranks; "
+            f"{tokens:,} tokens/step x {t.train_iters:,} steps = "
+            f"{format_tokens(tokens * t.train_iters)} tokens"
+        )
+        self.t_start = time.perf_counter()
+
+    def on_step_end(self, trainer, out: StepOutput) -> None:
+        if not out.log:
+            return
+        s = out.scalars
+        tps, mfu = s.get("perf/tokens_per_s", float("nan")), s.get("perf/mfu", float("nan"))
+        # The peak is a GPU's (logging.peak_tflops); measured against a CPU it means nothing.
+        mfu_text = f"MFU {100 * mfu:.1f}%" if trainer.device.type == "cuda" else "MFU n/a on CPU"
+        eta = s.get("perf/step_time_s", float("nan")) * (trainer.cfg.train.train_iters - out.step)
+        gnorm = out.grad_norm if out.grad_norm is not None else float("nan")
+        trainer.log(
+            f"step {out.step}/{trainer.cfg.train.train_iters} | loss {out.loss:.4f} | "
+            f"lr {out.lr:.3e} | gnorm {gnorm:.3f} | {tps / 1e3:,.1f}k tok/s | {mfu_text} | "
+            f"ETA {format_eta(eta)}"
+        )
+
+    def on_fit_end(self, trainer, exit_code: int | None) -> None:
+        if exit_code == 0 and trainer.train_started:
+            trainer.log(f"done: {trainer.step} steps in {time.perf_counter() - self.t_start:.0f}s")
+
+
+class Samples(Callback):
+    """Rank 0 samples a continuation of each of logging.sample_prompts when training ends."""
+
+    def on_fit_end(self, trainer, exit_code: int | None) -> None:
+        cfg, tok = trainer.cfg, trainer.data.tokenizer if trainer.data else None
+        if exit_code != 0 or not trainer.train_started or not trainer.is_main or tok is None:
+            return
+        gen = torch.Generator(device=trainer.device).manual_seed(cfg.train.seed)
+        print("samples:", flush=True)
+        with torch.no_grad():
+            for prompt in cfg.logging.sample_prompts:
+                ids = tok.encode(prompt)
+                room = cfg.seq_len - len(ids)  # positions the model was trained on
+                if not ids or room <= 0:
+                    continue
+                out = trainer.module.generate(
+                    torch.tensor([ids], device=trainer.device), max_new_tokens=min(200, room),
+                    temperature=0.8, top_k=50, generator=gen,
+                )
+                print("-" * 60 + "\n" + tok.decode(out[0].tolist()), flush=True)
+        print("-" * 60, flush=True)

@@ -1,0 +1,66 @@
+"""Throughput, step time, MFU from the model's own FLOP count, peak memory, parameter norm."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import torch
+
+from pretrain.train.callbacks.base import Callback, StepOutput
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (process RSS)
+
+
+@torch.no_grad()
+def parameter_norm(model: torch.nn.Module) -> float:
+    norms = [p.detach().float().norm() for p in model.parameters()]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+class SpeedMonitor(Callback):
+    """perf/* and progress/* scalars on logged steps.
+
+    Tokens per second and MFU count the steps since the last logged step, leaving out time
+    spent evaluating and saving. MFU = flops_per_token x tokens/s / (logging.peak_tflops x
+    ranks): the model's FLOPs (6N + attention), not the executed ones with recompute.
+    """
+
+    def on_train_start(self, trainer) -> None:
+        self.flops_per_token = trainer.module.flops_per_token(trainer.cfg.seq_len)
+        self.peak = trainer.cfg.logging.peak_tflops * 1e12 * trainer.env.world_size
+        self._reset()
+        self.window_start, self.steps = time.perf_counter(), 0
+
+    def _reset(self) -> None:
+        self.t0, self.tokens = time.perf_counter(), 0
+
+    def on_step_end(self, trainer, out: StepOutput) -> None:
+        self.tokens += out.tokens
+        self.steps += 1
+        out.scalars["progress/batch_token_sum"] = out.batch_token_sum
+        if not out.log:
+            return
+        tps = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        self._reset()
+        step_time = (time.perf_counter() - self.window_start) / max(1, self.steps)
+        self.window_start, self.steps = time.perf_counter(), 0
+        out.scalars.update({
+            "perf/tokens_per_s": tps,
+            "perf/mfu": self.flops_per_token * tps / self.peak if self.peak > 0 else float("nan"),
+            "perf/step_time_s": step_time,
+            "perf/peak_memory_gib": peak_memory_gib(trainer.device),
+            "progress/samples": trainer.consumed,
+            "progress/tokens": trainer.consumed * trainer.cfg.seq_len,
+            "stability/param_norm": parameter_norm(trainer.module),
+        })
+
+    def on_evaluation(self, trainer, results) -> None:
+        self._reset()
+
+    def on_save(self, trainer, folder) -> None:
+        self._reset()

@@ -1,0 +1,119 @@
+"""Where the scalars go: RUN/metrics.jsonl, TensorBoard, Weights & Biases. Rank 0 writes.
+
+After a resume from step k, lines and TensorBoard events past k (written by the run that
+died) are dropped, so curves never hold two histories.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from pretrain.run_layout import atomic_write, read_metrics
+from pretrain.train.callbacks.base import Callback, StepOutput
+
+
+def _clean(scalars: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in scalars.items() if v is not None}
+
+
+class MetricsFile(Callback):
+    """RUN/metrics.jsonl: one object per step, {"step": 120, "train/loss": 3.1, ...}, so tools
+    read runs without TensorBoard (pretrain.run_layout.read_metrics)."""
+
+    def __init__(self) -> None:
+        self.file = None
+
+    def on_train_start(self, trainer) -> None:
+        if not trainer.is_main:
+            return
+        path = trainer.layout.metrics
+        if path.is_file():  # keep what the resumed checkpoint had seen
+            rows = [r for r in read_metrics(trainer.layout.root) if r["step"] <= trainer.step]
+            atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows), fsync=False)
+        # Line-buffered: a kill loses at most the line being written.
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in on_fit_end)
+
+    def on_step_end(self, trainer, out: StepOutput) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps({"step": out.step, **_clean(out.scalars)}) + "\n")
+
+    def on_fit_end(self, trainer, exit_code) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class TensorBoard(Callback):
+    """RUN/tensorboard/: every scalar, spike events as text, the resolved config at step 0."""
+
+    def __init__(self) -> None:
+        self.writer = None
+
+    def on_train_start(self, trainer) -> None:
+        if not trainer.is_main:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step hides events past the checkpoint written by a run that died later.
+        self.writer = SummaryWriter(str(trainer.layout.tensorboard),
+                                    purge_step=trainer.step + 1 if trainer.step else None)
+        if trainer.step == 0:
+            self.writer.add_text("config", "```\n" + yaml.safe_dump(trainer.resolved, sort_keys=False)
+                                 + "\n```", 0)
+
+    def on_step_end(self, trainer, out: StepOutput) -> None:
+        if self.writer is None:
+            return
+        for k, v in _clean(out.scalars).items():
+            self.writer.add_scalar(k, v, out.step)
+        for tag, text in out.events:
+            self.writer.add_text(tag, text, out.step)
+
+    def on_fit_end(self, trainer, exit_code) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+class WandbLogger(Callback):
+    """The same scalars in a Weights & Biases run (section `wandb:` of the config). A resumed
+    run continues the same W&B run (its id is kept in the checkpoints)."""
+
+    state_key = "wandb"
+
+    def __init__(self, project: str = "pretrain", entity: str | None = None,
+                 name: str | None = None, group: str | None = None,
+                 tags: list[str] | None = None, mode: str | None = None) -> None:
+        self.options = dict(project=project, entity=entity, name=name, group=group,
+                            tags=list(tags or []), mode=mode)
+        self.run_id: str | None = None
+        self.run = None
+
+    def on_train_start(self, trainer) -> None:
+        if not trainer.is_main:
+            return
+        import wandb
+
+        opts = dict(self.options)
+        opts["name"] = opts["name"] or trainer.layout.root.name
+        self.run_id = self.run_id or wandb.util.generate_id()
+        self.run = wandb.init(id=self.run_id, resume="allow", dir=str(trainer.layout.root),
+                              config=trainer.resolved, **opts)
+
+    def on_step_end(self, trainer, out: StepOutput) -> None:
+        if self.run is not None:
+            self.run.log(_clean(out.scalars), step=out.step)
+
+    def on_fit_end(self, trainer, exit_code) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=0 if exit_code in (0, 99) else 1)
+            self.run = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id} if self.run_id else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run_id = state.get("run_id")
