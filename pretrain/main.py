@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pretrain.config import ConfigError, load_config  # noqa: E402
+from pretrain.config import ConfigError, load_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,14 +4,12 @@ and skip with a message elsewhere."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
-sys.path.insert(0, str(REPO))
 
 # Keep library threads to the machine's size and away from the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,52 +1,9 @@
 #!/usr/bin/env python
-"""Train a tokenizer on your own corpus; the result is a folder that --tokenizer accepts.
+"""`python tools/train_tokenizer.py --help`; the program is pretrain/cli/train_tokenizer.py (installed: pretrain-train-tokenizer)."""
 
-Examples:
-  # byte-level BPE like GPT-NeoX-20B / Pythia (NFC, <|endoftext|> = 0), on 1 GB of FineWeb parquet
-  python tools/train_tokenizer.py --input 'fineweb/*.parquet' --vocab-size 50277 --output tok/fineweb_bpe
-  # SentencePiece BPE with byte fallback (like Llama 2)
-  python tools/train_tokenizer.py --input corpus.jsonl --kind sentencepiece-bpe --vocab-size 32000 --output tok/sp
-Then: python tools/prepare_data.py --tokenizer tok/fineweb_bpe --input ... --output data/...
-"""
-
-from __future__ import annotations
-
-import argparse
-import logging
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pretrain.data.prepare import friendly_errors  # noqa: E402
-from pretrain.data.tokenizer_training import KINDS, train_tokenizer  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                   help="files, globs (quoted) or folders: .parquet, .jsonl/.json(.gz), .txt(.gz)")
-    p.add_argument("--output", required=True, metavar="DIR", help="folder to write the tokenizer into")
-    p.add_argument("--kind", choices=KINDS, default="bpe",
-                   help="bpe: byte-level BPE in a tokenizer.json (GPT-NeoX style, default); "
-                        "sentencepiece-bpe / sentencepiece-unigram: a SentencePiece .model with byte fallback")
-    p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary size including special tokens (default 32000)")
-    p.add_argument("--text-field", default="text", help="field/column with the text (default: text)")
-    p.add_argument("--txt-mode", choices=("file", "line", "paragraph"), default="file",
-                   help="what one document is in a .txt input (default: the whole file)")
-    p.add_argument("--max-bytes", type=float, default=1e9,
-                   help="train on the first this-many bytes of text (default 1e9; 0 = all)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    try:
-        tok = train_tokenizer(args.input, args.output, args.kind, args.vocab_size, args.text_field,
-                              args.txt_mode, int(args.max_bytes) or None)
-    except friendly_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{tok.identifier}: vocab {tok.vocab_size}, end-of-document id {tok.eod_id} -> {args.output}")
-    return 0
-
+from pretrain.cli.train_tokenizer import main
 
 if __name__ == "__main__":
     sys.exit(main())

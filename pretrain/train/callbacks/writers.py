@@ -7,6 +7,7 @@ died) are dropped, so curves never hold two histories.
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 import yaml
@@ -99,7 +100,7 @@ class WandbLogger(Callback):
 
         opts = dict(self.options)
         opts["name"] = opts["name"] or trainer.layout.root.name
-        self.run_id = self.run_id or wandb.util.generate_id()
+        self.run_id = self.run_id or secrets.token_hex(6)  # a W&B run id: [a-z0-9]
         self.run = wandb.init(id=self.run_id, resume="allow", dir=str(trainer.layout.root),
                               config=trainer.resolved, **opts)
 

@@ -1,0 +1,29 @@
+"""Benchmarks: `python tools/benchmark.py AREA [options]`; AREA is model, data, train or eval.
+
+Each area lives in pretrain/benchmarks/AREA.py with `add_arguments(parser)` and `run(args)`.
+Speed is measured here, never in tests: ratios on CPU, absolute figures on a GPU.
+"""
+
+import argparse
+import importlib
+
+AREAS = {
+    "model": "forward+backward step time across rope_theta and rope fraction; GPU tokens/s, MFU",
+    "data": "tokenization throughput per worker; projected hours for 100B tokens",
+    "train": "training tokens/s and MFU through the DeepSpeed engine",
+    "eval": "lm-eval adapter requests/s (loglikelihood and rolling)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="area", required=True, metavar="AREA")
+    modules = {}
+    for name, help_text in AREAS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        modules[name] = importlib.import_module(f"pretrain.benchmarks.{name}")
+        modules[name].add_arguments(p)
+    args = parser.parse_args(argv)
+    modules[args.area].run(args)
+    return 0
+

@@ -1,0 +1,47 @@
+"""A user's callback, as a config names it (`callbacks: [{class: callback_probe.HookRecorder}]`):
+it records every hook it sees, and keeps a step count in the checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pretrain.train.callbacks import Callback
+
+
+class HookRecorder(Callback):
+    state_key = "hook_recorder"
+
+    def __init__(self, out: str, tag: str = "") -> None:
+        self.out, self.tag, self.steps_seen = Path(out), tag, 0
+
+    def _record(self, trainer, *event) -> None:
+        if trainer.is_main:
+            with open(self.out, "a") as f:
+                f.write(json.dumps([self.tag, *event]) + "\n")
+
+    def on_fit_start(self, trainer) -> None:
+        self._record(trainer, "fit_start")
+
+    def on_train_start(self, trainer) -> None:
+        self._record(trainer, "train_start", trainer.step, self.steps_seen)
+
+    def on_step_end(self, trainer, out) -> None:
+        self.steps_seen += 1
+        self._record(trainer, "step_end", out.step, sorted(k for k in out.scalars if "/" in k))
+        out.scalars["probe/steps_seen"] = self.steps_seen
+
+    def on_evaluation(self, trainer, results) -> None:
+        self._record(trainer, "evaluation", trainer.step, round(results["valid/loss"], 6))
+
+    def on_save(self, trainer, folder) -> None:
+        self._record(trainer, "save", trainer.step, Path(folder).name)
+
+    def on_fit_end(self, trainer, exit_code) -> None:
+        self._record(trainer, "fit_end", exit_code)
+
+    def state_dict(self) -> dict:
+        return {"steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps_seen = state["steps_seen"]

@@ -1,0 +1,139 @@
+"""Callbacks: a user's own from the config sees every hook in order and keeps its state across
+a resume; W&B logs offline; bad callback entries fail with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from train_support import metrics, prepare_stdlib, run_main, tiny_config, write_config
+
+TESTS = Path(__file__).parent
+
+
+def _events(path: Path) -> list[list]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path):
+    data = prepare_stdlib(tmp_path / "data")
+    events = tmp_path / "events.jsonl"
+    cfg = tiny_config(
+        tmp_path / "run", data,
+        train={"train_iters": 6, "eval_interval": 3},
+        checkpoint={"interval": 3},
+        logging={"log_interval": 3, "max_logit_interval": 3},
+    )
+    cfg["callbacks"] = [{"class": "callback_probe.HookRecorder", "out": str(events), "tag": "a"}]
+    path = write_config(tmp_path / "run.yaml", cfg)
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    r = run_main(path, **env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = [e[1:3] if e[1] != "step_end" else e[1:3] for e in _events(events)]
+    assert got == [
+        ["fit_start"], ["train_start", 0],
+        ["step_end", 1], ["step_end", 2], ["evaluation", 3], ["step_end", 3], ["save", 3],
+        ["step_end", 4], ["step_end", 5], ["evaluation", 6], ["step_end", 6], ["save", 6],
+        ["fit_end", 0],
+    ]
+    # It runs after the built-in scalars are in and before the writers: it sees the step's
+    # evaluation, speed and logit scalars, and what it adds reaches metrics.jsonl.
+    step3 = next(e for e in _events(events) if e[1:3] == ["step_end", 3])[3]
+    assert {"train/loss", "valid/loss", "perf/tokens_per_s", "stability/max_attn_logit"} <= set(step3)
+    assert metrics(tmp_path / "run")[5]["probe/steps_seen"] == 5
+
+    # Its state is in the checkpoint: the resumed run (2 more steps) starts from 6 seen steps.
+    events.unlink()
+    r = run_main(path, overrides=["train.train_iters=8"], **env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert _events(events)[1] == ["a", "train_start", 6, 6]
+    assert metrics(tmp_path / "run")[8]["probe/steps_seen"] == 8
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"class": "NoDots"}, "callbacks[0].class='NoDots' must name a class by its dotted path"),
+        ({"class": "no_such_module.Thing"}, "cannot import no_such_module"),
+        ({"class": "pretrain.config.Config"}, "is not a subclass of pretrain.train.callbacks.Callback"),
+        ({"class": "callback_probe.HookRecorder", "outt": "x"}, "does not accept ['outt']"),
+    ],
+)
+def test_bad_callback_entry_is_one_line(tmp_path, capsys, monkeypatch, entry, message):
+    from pretrain.main import main
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()
+                                        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    data = prepare_stdlib(tmp_path / "data")
+    cfg = tiny_config(tmp_path / "run", data)
+    cfg["callbacks"] = [entry]
+    code = main(["--config", str(write_config(tmp_path / "run.yaml", cfg))])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def wandb_history(path: Path) -> list[dict]:
+    """History rows of an offline W&B run file: wandb's protobuf Records in the LevelDB log
+    format (32 KiB blocks; a record is split into FIRST/MIDDLE/LAST pieces at block ends)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, raws, buf = path.read_bytes(), 7, 32768, [], b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (length == 0 and kind == 0):  # block trailer / padding
+            pos += left
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # FULL, LAST
+            raws.append(buf + chunk if kind == 4 else chunk)
+        buf = chunk if kind == 2 else buf + chunk if kind == 3 else b""
+    rows = []
+    for raw in raws:
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                         for i in rec.history.item})
+    return rows
+
+
+def test_wandb_logs_the_runs_scalars_offline(tmp_path):
+    pytest.importorskip("wandb", reason="pip install wandb (the dev extras hold it)")
+    data = prepare_stdlib(tmp_path / "data")
+    cfg = tiny_config(tmp_path / "run", data, train={"train_iters": 4},
+                      logging={"log_interval": 2})
+    cfg["wandb"] = {"enabled": True, "project": "test", "mode": "offline"}
+    r = run_main(write_config(tmp_path / "run.yaml", cfg), WANDB_MODE="offline",
+                 WANDB_SILENT="true")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (run_dir,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    (history,) = run_dir.glob("*.wandb")
+    logged = {}
+    for row in wandb_history(history):
+        logged[int(row["_step"])] = row
+    want = metrics(tmp_path / "run")
+    assert sorted(logged) == [1, 2, 3, 4]
+    for step in (1, 2, 3, 4):  # every scalar of metrics.jsonl, the same value
+        assert {k: logged[step][k] for k in want[step]} == want[step]
+
+
+def test_wandb_missing_is_one_line(tmp_path, capsys, monkeypatch):
+    """Simulates a machine without wandb: the config check names the fix."""
+    import importlib.util
+
+    from pretrain.config import Config, WandbConfig
+    from pretrain.config_checks import check_wandb
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(Exception, match="wandb.enabled=true but wandb is not installed; pip install wandb"):
+        check_wandb(Config(wandb=WandbConfig(enabled=True)))
+    check_wandb(Config())  # off: nothing to check
