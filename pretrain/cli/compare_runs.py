@@ -4,8 +4,8 @@
     python tools/compare_runs.py runs/* --csv compare.csv --markdown compare.md --plot losses.png
     python tools/compare_runs.py runs/char_theta*_s* --baseline char_theta10000   # Welch t-tests
 
-Reads each run's config.yaml (seed; runs equal but for the seed form one group),
-metrics.jsonl (final and best valid/loss, valid/bits_per_byte) and the newest
+Reads each run's config (seed; runs equal but for the seed form one group), its
+metrics (final and best valid/loss, valid/bits_per_byte) and the newest
 eval/<step>/lm_eval_results.json written by tools/evaluate.py. Accuracies are the paper's
 (acc_norm for ARC, LogiQA, PIQA, SciQ; acc for the others).
 """

@@ -1,8 +1,8 @@
 """Several runs -> one table: benchmark results and validation loss, grouped over seeds.
 
 Per run it reads (all optional, a missing piece shows as –):
-    RUN/config.yaml                         the resolved config (seed and grouping)
-    RUN/metrics.jsonl                       "valid/loss" (final = last logged, best = lowest)
+    the run config                          the resolved config (seed and grouping)
+    the run's metrics                       "valid/loss" (final = last logged, best = lowest)
                                             and "valid/bits_per_byte"
     RUN/eval/<step>/lm_eval_results.json    the newest evaluation (tools/evaluate.py)
 

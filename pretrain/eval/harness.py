@@ -5,7 +5,7 @@
 
 or `PretrainLM(model=..., tokenizer=...)` around a model already in memory.
 
-It reads only a weights folder (model.safetensors, config.yaml, tokenizer/); no DeepSpeed.
+It reads only a weights folder (pretrain.model.weights: weights, config, tokenizer/); no DeepSpeed.
 Built on the harness's `TemplateLM`, which turns (context, continuation) strings into token
 requests exactly as its Hugging Face model does (trailing spaces of the context move to the
 continuation; an empty context is conditioned on the end-of-document token). What is ours:

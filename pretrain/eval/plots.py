@@ -1,6 +1,6 @@
 """Loss curves of several runs in one PNG, loss spikes marked.
 
-Reads RUN/metrics.jsonl only (train/loss, valid/loss, spikes/loss), so it works on runs
+Reads the run's metrics file only (train/loss, valid/loss, spikes/loss), so it works on runs
 copied from a cluster without TensorBoard.
 """
 

@@ -25,7 +25,7 @@ from pretrain.eval.tables import fmt, markdown_table, paper_tables
 from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
 from pretrain.model.weights import find_weights_dir
-from pretrain.run_layout import CHECKPOINTS_DIR, EVAL_DIR, atomic_write
+from pretrain.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, EVAL_DIR, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def evaluate_validation(weights_dir: Path, *, valid_data: list[str] | None = Non
         data.valid = list(valid_data)
         data.train, data.train_weights = list(valid_data), None
     if not data.valid:
-        raise EvalError(f"{weights_dir}/config.yaml has no data.valid; pass --val-data PREFIX_OR_FOLDER")
+        raise EvalError(f"{weights_dir / CONFIG_FILE} has no data.valid; pass --val-data PREFIX_OR_FOLDER")
     train_cfg = config.get("train") or {}
     seq_len = train_cfg.get("seq_len") or model.cfg.max_seq_len
     _, valid = build_datasets(data, seq_len, train_cfg.get("seed", 1234), 1, samples)

@@ -2,7 +2,7 @@
 
 A weights folder holds:
     model.safetensors   fp32 (or the saved dtype) state dict of `Transformer`
-    config.yaml         the resolved run config (its `model:` section rebuilds the model)
+    the run config      resolved (its `model:` section rebuilds the model); run_layout.CONFIG_FILE
     tokenizer/          the tokenizer, when the writer had one (pretrain.data.tokenizer)
 
 Training writes one beside every checkpoint; evaluation and export read only this.
@@ -26,7 +26,7 @@ WEIGHTS_FILE = "model.safetensors"
 
 def save_weights(model: Transformer, directory: str | Path, config: dict[str, Any] | None = None,
                  dtype: torch.dtype | None = torch.float32) -> Path:
-    """Write model.safetensors and config.yaml into `directory` (created)."""
+    """Write the weights and the run config into `directory` (created)."""
     from safetensors.torch import save
 
     directory = Path(directory)

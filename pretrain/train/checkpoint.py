@@ -5,7 +5,7 @@ One checkpoint is a folder RUN/checkpoints/step_0001000/ (names: pretrain/run_la
     rng/rank_00000.pt ...        python, numpy and torch RNG states of every rank
     trainer_state.json           step, samples and tokens consumed, data position, the
                                  resolved config, spike-detector window (written last)
-    model.safetensors            consolidated weights, config.yaml, tokenizer/: a weights
+    model.safetensors            consolidated weights, the run config, tokenizer/: a weights
                                  folder that evaluation and export read without DeepSpeed
 
 How a kill cannot break it: everything is written into step_0001000.tmp/, fsynced, and

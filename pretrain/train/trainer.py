@@ -244,7 +244,7 @@ class Trainer:
         return self.step % self.cfg.logging.log_interval == 0 or self.step == t.train_iters or stopping
 
     def _warn_config_changes(self) -> None:
-        """On a re-run, say which settings differ from the saved RUN/config.yaml."""
+        """On a re-run, say which settings differ from the run config saved by the last one."""
         path = self.layout.config
         if path.is_file():
             changed = _diff(yaml.safe_load(path.read_text()) or {}, self.resolved)

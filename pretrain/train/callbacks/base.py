@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 @dataclass
 class StepOutput:
     """What one optimizer step produced. Callbacks read it and add to `scalars` (written to
-    metrics.jsonl, TensorBoard and W&B by the writer callbacks) and `events` (text lines)."""
+    the metrics file, TensorBoard and W&B by the writer callbacks) and `events` (text lines)."""
 
     step: int
     loss: float  # mean over the step's micro batches and ranks

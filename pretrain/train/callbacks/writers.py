@@ -1,4 +1,4 @@
-"""Where the scalars go: RUN/metrics.jsonl, TensorBoard, Weights & Biases. Rank 0 writes.
+"""Where the scalars go: the run's metrics file, TensorBoard, Weights & Biases. Rank 0 writes.
 
 After a resume from step k, lines and TensorBoard events past k (written by the run that
 died) are dropped, so curves never hold two histories.
@@ -21,7 +21,7 @@ def _clean(scalars: dict[str, Any]) -> dict[str, float]:
 
 
 class MetricsFile(Callback):
-    """RUN/metrics.jsonl: one object per step, {"step": 120, "train/loss": 3.1, ...}, so tools
+    """The run's metrics file (pretrain.run_layout): one JSON object per step, {"step": 120, "train/loss": 3.1, ...}, so tools
     read runs without TensorBoard (pretrain.run_layout.read_metrics)."""
 
     def __init__(self) -> None:
