@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         # never silent: every command says so before it does anything else.
         for line in budget_warnings():
             print(f"warning: {line}", file=sys.stderr)
+        if args.command in ("write", "check") and not (REPO / "configs" / "models").is_dir():
+            print(f"{REPO} is not a checkout of this repository: `write` and `check` work on the "
+                  f"configs/ and slurm/ folders of one; install it with pip install -e .",
+                  file=sys.stderr)
+            return 2
         if args.command == "write":
             changed = write_files(REPO)
             check_configs(REPO)
