@@ -226,6 +226,9 @@ class CheckpointConfig:
     interval: int = 1000  # save every N steps (and at the end, and on SIGTERM/SIGUSR1)
     keep_last: int = 3
     resume: bool = True  # continue from the newest good checkpoint when one exists
+    # Before resuming, check the checkpoint's files against the sizes and CRC-32s its marker
+    # recorded ("size": sizes only; "none": trust it); a damaged one falls back to the previous.
+    verify: Literal["checksum", "size", "none"] = "checksum"
 
 
 @dataclass

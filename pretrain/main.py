@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from pretrain.config import ConfigError, load_config
+from pretrain.run_layout import CheckpointSaveError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,11 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         from pretrain.train.trainer import train
 
         return train(cfg)
+    except CheckpointSaveError as e:  # the run is resumable: say how, without a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except ConfigError as e:
         import os
 
         if os.environ.get("RANK", "0") == "0":  # every rank fails alike; say it once
-            print(f"config error: {e}", file=sys.stderr)
+            print(f"{getattr(e, 'label', 'config error')}: {e}", file=sys.stderr)
         return 2
 
 

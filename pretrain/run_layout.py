@@ -33,6 +33,10 @@ RNG_DIR = "rng"  # in a checkpoint folder: one file of RNG states per rank
 TMP_SUFFIX = ".tmp"  # a checkpoint folder being written
 DELETING_SUFFIX = ".deleting"  # a checkpoint folder being removed
 
+class CheckpointSaveError(RuntimeError):
+    """Writing a checkpoint failed (disk full, quota, I/O error); the previous one is intact."""
+
+
 _TAG = re.compile(r"^step_(\d+)$")
 
 
@@ -153,6 +157,7 @@ def metrics_by_step(run_dir: str | Path) -> dict[int, dict[str, float]]:
 
 __all__ = [
     "CHECKPOINTS_DIR",
+    "CheckpointSaveError",
     "CONFIG_FILE",
     "DELETING_SUFFIX",
     "EVAL_DIR",
@@ -164,8 +169,56 @@ __all__ = [
     "TMP_SUFFIX",
     "RunLayout",
     "atomic_write",
+    "check_file",
+    "checkpoint_files",
+    "crc32_file",
+    "file_record",
     "metrics_by_step",
     "read_metrics",
     "step_tag",
     "tag_step",
 ]
+
+
+# ----------------------------------------------------------------------------- integrity
+# A checkpoint's marker (trainer_state.json, written last) records the size and CRC-32 of
+# every other file in the folder, so a truncated or corrupted file is found before it is
+# loaded. CRC-32 (zlib, 3.2 GiB/s on one core of the development machine, ten times the
+# speed of the write itself) adds about a tenth to a save; sha256 ran at 1.35 GiB/s.
+
+
+def crc32_file(path: str | Path, chunk: int = 16 * 2**20) -> str:
+    import zlib
+
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def file_record(path: str | Path, checksum: bool = True) -> dict[str, int | str]:
+    """{"size": bytes, "crc32": hex} of one file, as a checkpoint marker stores it."""
+    rec: dict[str, int | str] = {"size": Path(path).stat().st_size}
+    if checksum:
+        rec["crc32"] = crc32_file(path)
+    return rec
+
+
+def check_file(folder: Path, rel: str, want: dict, checksum: bool = True) -> str | None:
+    """What is wrong with `folder/rel` against its record, or None when it matches."""
+    path = folder / rel
+    if not path.is_file():
+        return f"{rel} is missing"
+    size = path.stat().st_size
+    if size != want["size"]:
+        return f"{rel} has {size:,} bytes, {want['size']:,} were written"
+    if checksum and "crc32" in want and crc32_file(path) != want["crc32"]:
+        return f"{rel} does not match its checksum (corrupted)"
+    return None
+
+
+def checkpoint_files(folder: Path) -> list[str]:
+    """Every file of a checkpoint folder except its marker, as sorted relative paths."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.is_file() and p.name != STATE_FILE)

@@ -19,7 +19,15 @@ import yaml
 
 from pretrain.config import ConfigError, ModelConfig, from_dict, to_dict
 from pretrain.model.transformer import Transformer
-from pretrain.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, atomic_write, step_tag
+from pretrain.run_layout import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    LATEST_FILE,
+    STATE_FILE,
+    atomic_write,
+    check_file,
+    step_tag,
+)
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -52,12 +60,33 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) or {}
 
 
+def _damaged(directory: Path) -> str | None:
+    """In a checkpoint folder, the weights and config checked against the sizes and CRC-32s
+    its marker recorded; None when they match or the folder records none."""
+    import json
+
+    try:
+        recorded = json.loads((directory / STATE_FILE).read_text()).get("files") or {}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"{STATE_FILE} is unreadable ({type(e).__name__})"
+    for rel in (WEIGHTS_FILE, CONFIG_FILE):
+        if rel in recorded and (problem := check_file(directory, rel, recorded[rel])):
+            return problem
+    return None
+
+
 def load_weights(directory: str | Path, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None) -> tuple[Transformer, dict[str, Any]]:
     """Rebuild the model from a weights folder. Returns (model in eval mode, full config)."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
+    problem = _damaged(directory)
+    if problem:
+        raise ConfigError(f"{directory} is damaged: {problem}; use an earlier checkpoint "
+                          f"(python tools/check_checkpoint.py RUN lists the intact ones)")
     config = read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
@@ -65,7 +94,11 @@ def load_weights(directory: str | Path, device: str | torch.device = "cpu",
     cfg = from_dict(ModelConfig, config.get("model"), "model")
     with torch.device("meta"):
         model = Transformer(cfg)
-    state = load_file(str(weights), device=str(device))
+    try:
+        state = load_file(str(weights), device=str(device))
+    except Exception as e:  # safetensors' own error types: a file that is not safetensors
+        raise ConfigError(f"{weights} cannot be read ({type(e).__name__}: {e}); "
+                          f"write it again or use an earlier checkpoint") from None
     if cfg.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state, strict=True, assign=True)

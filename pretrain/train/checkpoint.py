@@ -4,7 +4,8 @@ One checkpoint is a folder RUN/checkpoints/step_0001000/ (names: pretrain/run_la
     DeepSpeed's files            model, optimizer (ZeRO shards), LR scheduler
     rng/rank_00000.pt ...        python, numpy and torch RNG states of every rank
     trainer_state.json           step, samples and tokens consumed, data position, the
-                                 resolved config, spike-detector window (written last)
+                                 resolved config, callbacks' state, and the size and CRC-32
+                                 of every other file (written last: the completion marker)
     model.safetensors            consolidated weights, the run config, tokenizer/: a weights
                                  folder that evaluation and export read without DeepSpeed
 
@@ -12,8 +13,13 @@ How a kill cannot break it: everything is written into step_0001000.tmp/, fsynce
 only then renamed to step_0001000/ (an atomic rename); `latest` is rewritten through a
 temporary file and os.replace. A folder without `.tmp` is therefore complete. Retention
 renames old folders to `.deleting` before removing them, so a kill during removal leaves
-nothing that looks complete. Loading takes the tag in `latest` if it is complete, else
-the newest complete folder; leftovers (`*.tmp`, `*.deleting`) are cleaned at start.
+nothing that looks complete. Leftovers (`*.tmp`, `*.deleting`) are cleaned at start.
+
+How a damaged file cannot stop a run: resuming verifies the newest complete checkpoint
+against its marker (sizes, and CRC-32 unless checkpoint.verify says "size"), the ranks
+sharing the files between them; a damaged one gets one warning naming what is wrong, and
+the previous complete checkpoint is tried, down to the oldest. `tools/check_checkpoint.py`
+runs the same check offline.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pretrain.config import ConfigError
 from pretrain.run_layout import (
     DELETING_SUFFIX,
     LATEST_FILE,
@@ -36,13 +43,29 @@ from pretrain.run_layout import (
     STATE_FILE,
     TMP_SUFFIX,
     atomic_write,
+    check_file,
+    checkpoint_files,
+    file_record,
     step_tag,
 )
 from pretrain.train.distributed import barrier
 
-# Fault-injection hook for tests, "STEP:SECONDS": when saving STEP, rank 0 waits after the
+# Fault-injection hooks for tests. "STEP:SECONDS": when saving STEP, rank 0 waits after the
 # files are written and before the folder is committed, so a test can kill it mid-save.
 _PAUSE_ENV = "PRETRAIN_TEST_PAUSE_BEFORE_COMMIT"
+# "POINT:STEP": the process dies (as kill -9 would: no clean-up) at that point of saving STEP.
+_FAULT_ENV = "PRETRAIN_TEST_KILL_DURING_SAVE"
+FAULT_POINTS = ("after_engine_save", "after_weights", "mid_marker", "before_commit",
+                "before_latest", "before_retention")
+
+
+def _fault_at(point: str, step: int) -> bool:
+    return os.environ.get(_FAULT_ENV, "") == f"{point}:{step}"
+
+
+def _fault(point: str, step: int) -> None:
+    if _fault_at(point, step):
+        os._exit(137)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -80,15 +103,87 @@ def complete_tags(ckpt_dir: Path) -> list[str]:
     return sorted(p.name for p in ckpt_dir.iterdir() if is_complete(p))
 
 
-def find_resume_tag(ckpt_dir: Path) -> str | None:
-    """The tag in `latest` when that checkpoint is complete, else the newest complete one."""
-    latest = ckpt_dir / LATEST_FILE
-    if latest.is_file():
-        tag = latest.read_text().strip()
-        if tag and is_complete(ckpt_dir / tag):
-            return tag
+class CheckpointError(ConfigError):
+    """No checkpoint of a run can be loaded; the message names them and the way out."""
+
+    label = "checkpoint error"
+
+
+
+
+def verify_checkpoint(folder: Path, checksum: bool = True, files: list[str] | None = None) -> list[str]:
+    """What is wrong with a complete checkpoint folder ([] when intact): its marker must parse,
+    and each file it records must have the recorded size (and CRC-32, with `checksum`).
+    `files` restricts the check to some of the recorded files (a rank's share).
+    A checkpoint written before markers recorded files passes on its marker alone."""
+    try:
+        state = read_state(folder)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        return [f"{STATE_FILE} is unreadable ({type(e).__name__})"]
+    recorded = state.get("files")
+    if recorded is None:
+        return []
+    names = sorted(recorded) if files is None else files
+    return [p for rel in names if (p := check_file(folder, rel, recorded[rel], checksum))]
+
+
+def _share(items: list, rank: int, world: int) -> list:
+    return items[rank::world]
+
+
+def _gather(values: list) -> list:
+    """Every rank's list, concatenated, on every rank (just `values` without a process group)."""
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return values
+    out: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, values)
+    return [v for part in out for v in part]
+
+
+def find_resume_tag(ckpt_dir: Path, verify: str = "checksum", rank: int = 0,
+                    world_size: int = 1) -> str | None:
+    """The newest checkpoint that passes verification (`latest` first when complete).
+
+    verify: "checksum", "size" or "none". Every rank calls it with the process group up (or
+    one process without): the ranks share the files to check and agree on the result.
+    A damaged checkpoint is skipped with one warning; when checkpoints exist but none is
+    intact, CheckpointError says so.
+    """
     tags = complete_tags(ckpt_dir)
-    return tags[-1] if tags else None
+    latest = ckpt_dir / LATEST_FILE
+    named = latest.read_text().strip() if latest.is_file() else ""
+    if named in tags:  # `latest` wins over a newer folder (e.g. one saved after a rollback)
+        tags = [t for t in tags if t != named] + [named]
+    damaged = []
+    for tag in reversed(tags):
+        folder = ckpt_dir / tag
+        if verify == "none":
+            problems = []
+        else:
+            try:
+                recorded = sorted(read_state(folder).get("files") or {})
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+                recorded = None  # the marker itself is damaged: every rank sees that alike
+            share = None if recorded is None else _share(recorded, rank, world_size)
+            problems = _gather(verify_checkpoint(folder, verify == "checksum", share))
+            if recorded is None:
+                problems = problems[:1]
+        if not problems:
+            if damaged and rank == 0:
+                print(f"warning: resuming from {tag}, the newest intact checkpoint", flush=True)
+            return tag
+        damaged.append(tag)
+        if rank == 0:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            print(f"warning: checkpoint {folder} is damaged: {problems[0]}{more}; "
+                  f"falling back to the previous one", flush=True)
+    if damaged:
+        raise CheckpointError(
+            f"no intact checkpoint in {ckpt_dir} ({', '.join(damaged)} damaged; "
+            f"python tools/check_checkpoint.py shows what is wrong); move them away, or "
+            f"--set checkpoint.resume=false to start the run over"
+        )
+    return None
 
 
 def read_state(folder: Path) -> dict[str, Any]:
@@ -151,12 +246,25 @@ class Checkpointer:
         engine.save_checkpoint(str(self.dir), tag=tmp.name, client_state={}, save_latest=False)
         (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), tmp / RNG_DIR / f"rank_{self.rank:05d}.pt")
+        _fault("after_engine_save", step)
         barrier()
         if self.rank == 0:
             write_weights(tmp)
-            state = {**state, "step": step, "world_size": self.world_size, "saved_at": time.time()}
-            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+            _fault("after_weights", step)
+        barrier()
+        # Sizes and checksums of every file, the ranks sharing the reading.
+        files = checkpoint_files(tmp)
+        records = _gather([(rel, file_record(tmp / rel)) for rel in _share(files, self.rank, self.world_size)])
+        if self.rank == 0:
+            state = {**state, "step": step, "world_size": self.world_size, "saved_at": time.time(),
+                     "files": dict(sorted(records))}
+            text = json.dumps(state, indent=1)
+            if _fault_at("mid_marker", step):  # half the marker on disk, then the kill
+                (tmp / STATE_FILE).write_text(text[: len(text) // 2])
+                os._exit(137)
+            (tmp / STATE_FILE).write_text(text)
             _fsync_tree(tmp)
+            _fault("before_commit", step)
             pause_step, _, pause_s = os.environ.get(_PAUSE_ENV, "").partition(":")
             if pause_step and int(pause_step) == step:
                 print(f"[test] pausing {pause_s}s before committing {tag}", flush=True)
@@ -167,7 +275,9 @@ class Checkpointer:
                 shutil.rmtree(old)
             os.rename(tmp, final)
             _fsync_dir(self.dir)
+            _fault("before_latest", step)
             atomic_write(self.dir / LATEST_FILE, tag)
+            _fault("before_retention", step)
             self._retain()
         barrier()
         return final

@@ -28,10 +28,14 @@ from pretrain.config_checks import check_config
 from pretrain.data.pipeline import DataSource, build_data
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import save_weights
-from pretrain.run_layout import RunLayout, atomic_write
+from pretrain.run_layout import CheckpointSaveError, RunLayout, atomic_write, step_tag
 from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks import Callback, StepOutput, build_callbacks
-from pretrain.train.checkpoint import Checkpointer, find_resume_tag, read_state
+from pretrain.train.checkpoint import (
+    Checkpointer,
+    find_resume_tag,
+    read_state,
+)
 from pretrain.train.engine import build_engine
 
 EXIT_OK = 0
@@ -166,7 +170,8 @@ class Trainer:
         self._batches = self.data.train_batches(cfg, self.env, self.consumed)
 
     def _resume(self) -> None:
-        tag = find_resume_tag(self.layout.checkpoints)
+        tag = find_resume_tag(self.layout.checkpoints, self.cfg.checkpoint.verify, self.env.rank,
+                              self.env.world_size)
         if tag is None:
             return
         folder = self.layout.checkpoints / tag
@@ -205,7 +210,15 @@ class Trainer:
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks if cb.state_key},
             "config": self.resolved,
         }
-        folder = self.checkpointer.save(self.engine, self.step, state, self._write_weights)
+        try:
+            folder = self.checkpointer.save(self.engine, self.step, state, self._write_weights)
+        except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
+            previous = find_resume_tag(self.layout.checkpoints, "none")
+            raise CheckpointSaveError(
+                f"saving checkpoint {step_tag(self.step)} failed ({type(e).__name__}: {e}); "
+                + (f"the previous checkpoint {previous} is intact: " if previous else "")
+                + "free space (or fix the file system) and run the same command to resume"
+            ) from None
         self.log(f"saved checkpoint {folder}")
         self.fire("on_save", folder)
         return folder

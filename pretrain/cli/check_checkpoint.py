@@ -1,0 +1,59 @@
+"""Verify a run's checkpoints offline: every file against the size and CRC-32 that its
+checkpoint's marker recorded, as a resume does before it loads one.
+
+    python tools/check_checkpoint.py runs/llama1b_rope10            # every checkpoint
+    python tools/check_checkpoint.py runs/llama1b_rope10 --size-only
+
+Prints one line per checkpoint (intact, or what is damaged) and which one a resume would
+take. Exit code 0 when every checkpoint is intact, 1 when one is damaged, 2 for a bad path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pretrain.run_layout import CHECKPOINTS_DIR, DELETING_SUFFIX, TMP_SUFFIX
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="a run folder (runs/NAME) or its checkpoints folder")
+    parser.add_argument("--size-only", action="store_true",
+                        help="compare sizes only (fast); by default CRC-32s too")
+    args = parser.parse_args(argv)
+
+    from pretrain.train.checkpoint import complete_tags, find_resume_tag, verify_checkpoint
+
+    path = Path(args.run)
+    ckpts = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
+    if not ckpts.is_dir():
+        print(f"error: {path} is neither a run folder nor a checkpoints folder", file=sys.stderr)
+        return 2
+    tags = complete_tags(ckpts)
+    if not tags:
+        print(f"no complete checkpoint in {ckpts}")
+    damaged = 0
+    for tag in tags:
+        problems = verify_checkpoint(ckpts / tag, checksum=not args.size_only)
+        damaged += bool(problems)
+        print(f"{tag}  " + ("intact" if not problems else "DAMAGED: " + "; ".join(problems)))
+    for p in sorted(ckpts.iterdir()):
+        if p.is_dir() and p.name.endswith((TMP_SUFFIX, DELETING_SUFFIX)):
+            print(f"{p.name}  incomplete (a save or a removal was cut short; the next start "
+                  f"removes it)")
+    if tags:
+        import contextlib
+        import io
+
+        from pretrain.config import ConfigError
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                tag = find_resume_tag(ckpts, "size" if args.size_only else "checksum")
+            except ConfigError:
+                tag = None
+        print(f"a resume takes: {tag or 'none (no intact checkpoint)'}")
+    return 1 if damaged else 0
