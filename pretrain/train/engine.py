@@ -29,6 +29,7 @@ import yaml
 from pretrain.config import Config, ConfigError, deep_merge, to_dict
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import save_weights, step_tag
+from pretrain.plan import resolve_activation_checkpointing
 from pretrain.train import distributed as dist_utils
 from pretrain.train.checkpoint import Checkpointer, checkpoints_dir, find_resume_tag, read_state
 from pretrain.train.monitor import Monitor, SpikeDetector, Throughput, format_eta
@@ -388,7 +389,7 @@ def _train(cfg: Config, data: DataSource | None, save_checkpoints: bool, stop: _
     torch.manual_seed(t.seed)
     with torch.device(device):  # built where it trains: an 8B model never sits in host memory
         model = Transformer(cfg.model)
-    model.gradient_checkpointing = t.activation_checkpointing
+    model.gradient_checkpointing = resolve_activation_checkpointing(cfg, env.world_size, device)
     ds_config = deepspeed_config(cfg, env.world_size, device)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
