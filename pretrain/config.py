@@ -214,7 +214,9 @@ class TrainConfig:
     seed: int = 1234
     eval_interval: int = 2000
     eval_iters: int = 10
-    activation_checkpointing: bool = False
+    # Recompute blocks in the backward: false/'none', true/'full', N = the first N blocks, or
+    # 'auto' = the planner's least recompute that fits (pretrain/model/checkpointing.py).
+    activation_checkpointing: bool | int | Literal["none", "full", "auto"] = False
     compile: bool = False  # torch.compile the model
     # Extra DeepSpeed config keys, merged over the generated config (advanced users).
     deepspeed: dict[str, Any] = field(default_factory=dict)

@@ -13,7 +13,7 @@ import pytest
 from conftest import shared_path
 
 from pretrain.data.megatron_compat import import_quietly
-from pretrain.data.prepare import PrepareError, in_valid, prepare, read_manifest
+from pretrain.data.prepare import MANIFEST, PrepareError, in_valid, prepare, read_manifest
 from pretrain.data.recipes import prepare_enwik8, prepare_tinyshakespeare
 from pretrain.data.sources import SourceError
 from pretrain.data.tokenizer import load_tokenizer
@@ -57,8 +57,16 @@ def _files(out: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def neox_out(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("neox1")
-    prepare(out, str(shared_path(*NEOX)), inputs=_inputs(), workers=1, shard_tokens=40_000,
-            docs_per_unit=16, valid_fraction=0.1, progress=False)
+    prepare(
+        out,
+        str(shared_path(*NEOX)),
+        inputs=_inputs(),
+        workers=1,
+        shard_tokens=40_000,
+        docs_per_unit=16,
+        valid_fraction=0.1,
+        progress=False,
+    )
     return out
 
 
@@ -100,15 +108,31 @@ def test_valid_split_is_document_disjoint(neox_out):
 
 
 def test_one_and_two_workers_write_identical_bytes(neox_out, tmp_path):
-    prepare(tmp_path, str(shared_path(*NEOX)), inputs=_inputs(), workers=2, shard_tokens=40_000,
-            docs_per_unit=16, valid_fraction=0.1, progress=False)
+    prepare(
+        tmp_path,
+        str(shared_path(*NEOX)),
+        inputs=_inputs(),
+        workers=2,
+        shard_tokens=40_000,
+        docs_per_unit=16,
+        valid_fraction=0.1,
+        progress=False,
+    )
     assert _files(tmp_path) == _files(neox_out) and len(_files(tmp_path)) >= 8
 
 
 def _prepare_then_crash(out: str, after_units: int) -> None:
     os.environ["PRETRAIN_PREPARE_FAULT_AFTER_UNITS"] = str(after_units)
-    prepare(out, str(shared_path(*NEOX)), inputs=_inputs(), workers=2, shard_tokens=40_000,
-            docs_per_unit=16, valid_fraction=0.1, progress=False)
+    prepare(
+        out,
+        str(shared_path(*NEOX)),
+        inputs=_inputs(),
+        workers=2,
+        shard_tokens=40_000,
+        docs_per_unit=16,
+        valid_fraction=0.1,
+        progress=False,
+    )
 
 
 def test_killed_run_resumes_to_identical_files(neox_out, tmp_path):
@@ -118,18 +142,36 @@ def test_killed_run_resumes_to_identical_files(neox_out, tmp_path):
     proc.join(120)
     assert proc.exitcode == -9
     partial = read_manifest(tmp_path / "train")
-    assert not partial["complete"] and 1 <= len(partial["shards"]) < len(read_manifest(neox_out / "train")["shards"])
+    assert not partial["complete"] and 1 <= len(partial["shards"]) < len(
+        read_manifest(neox_out / "train")["shards"]
+    )
     # Both splits record the same resume point, so the small valid split does not force a restart.
     assert read_manifest(tmp_path / "valid")["next_unit"] == partial["next_unit"] > 0
     assert list(tmp_path.rglob("*.tmp.*")), "the crash should leave a half-written shard"
-    prepare(tmp_path, str(shared_path(*NEOX)), inputs=_inputs(), workers=1, shard_tokens=40_000,
-            docs_per_unit=16, valid_fraction=0.1, progress=False)
+    prepare(
+        tmp_path,
+        str(shared_path(*NEOX)),
+        inputs=_inputs(),
+        workers=1,
+        shard_tokens=40_000,
+        docs_per_unit=16,
+        valid_fraction=0.1,
+        progress=False,
+    )
     assert _files(tmp_path) == _files(neox_out)
     assert not list(tmp_path.rglob("*.tmp.*"))
     # A finished output is not rewritten.
     mtimes = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("shard_*")}
-    prepare(tmp_path, str(shared_path(*NEOX)), inputs=_inputs(), workers=1, shard_tokens=40_000,
-            docs_per_unit=16, valid_fraction=0.1, progress=False)
+    prepare(
+        tmp_path,
+        str(shared_path(*NEOX)),
+        inputs=_inputs(),
+        workers=1,
+        shard_tokens=40_000,
+        docs_per_unit=16,
+        valid_fraction=0.1,
+        progress=False,
+    )
     assert mtimes == {p: p.stat().st_mtime_ns for p in tmp_path.rglob("shard_*")}
 
 
@@ -145,9 +187,20 @@ def test_parquet_input_matches_jsonl(neox_out, tmp_path):
             with opener(path, "rt", encoding="utf-8") as f:
                 docs = [json.loads(line)["text"] for line in f if line.strip()]
             inputs.append(tmp_path / f"{k}_{path.name.replace('.', '_')}.parquet")
-            pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), inputs[-1], row_group_size=16)
-    prepare(tmp_path / "pq", str(shared_path(*NEOX)), inputs=[str(tmp_path / "*.parquet")], workers=2,
-            shard_tokens=40_000, valid_fraction=0.1, progress=False)
+            pq.write_table(
+                pa.table({"id": list(range(len(docs))), "text": docs}),
+                inputs[-1],
+                row_group_size=16,
+            )
+    prepare(
+        tmp_path / "pq",
+        str(shared_path(*NEOX)),
+        inputs=[str(tmp_path / "*.parquet")],
+        workers=2,
+        shard_tokens=40_000,
+        valid_fraction=0.1,
+        progress=False,
+    )
     assert sorted(inputs) == inputs
     assert _files(tmp_path / "pq") == _files(neox_out)
 
@@ -183,7 +236,10 @@ def test_enwik8_recipe_splits_bytes(tmp_path):
     sizes = (1_000_000, 50_000, 50_000)
     prepare_enwik8(tmp_path / "out", tmp_path / "enwik8.zip", sizes=sizes, progress=False)
     tok = load_tokenizer(tmp_path / "out" / "tokenizer")
-    splits = [tok.decode(_documents(tmp_path / "out" / s)[0]).encode("latin-1") for s in ("train", "valid", "test")]
+    splits = [
+        tok.decode(_documents(tmp_path / "out" / s)[0]).encode("latin-1")
+        for s in ("train", "valid", "test")
+    ]
     assert splits == [raw[:1_000_000], raw[1_000_000:1_050_000], raw[1_050_000:1_100_000]]
     assert tok.vocab_size == len(set(raw))  # bytes that occur, one token each
     with pytest.raises(PrepareError, match="fewer than"):
@@ -195,7 +251,9 @@ def test_clear_errors(tmp_path, neox_out):
     with pytest.raises(SourceError, match="input file not found"):
         prepare(tmp_path / "o", tok, inputs=[str(tmp_path / "nope.jsonl")], progress=False)
     with pytest.raises(SourceError, match="no field 'content'.*--text-field"):
-        prepare(tmp_path / "o", tok, inputs=_inputs(SMALL[:1]), text_field="content", progress=False)
+        prepare(
+            tmp_path / "o", tok, inputs=_inputs(SMALL[:1]), text_field="content", progress=False
+        )
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(SourceError, match="not a readable parquet file"):
@@ -204,12 +262,27 @@ def test_clear_errors(tmp_path, neox_out):
     empty.write_bytes(b"")
     with pytest.raises(SourceError, match="empty"):
         prepare(tmp_path / "o", tok, inputs=[str(empty)], progress=False)
-    with pytest.raises(PrepareError, match="prepared with tokenizer .*gpt-neox.* but this run uses .*llama2"):
-        prepare(neox_out, str(shared_path("tokenizers", "llama2_tokenizer.model")), inputs=_inputs(),
-                valid_fraction=0.1, progress=False)
+    with pytest.raises(
+        PrepareError, match="prepared with tokenizer .*gpt-neox.* but this run uses .*llama2"
+    ):
+        prepare(
+            neox_out,
+            str(shared_path("tokenizers", "llama2_tokenizer.model")),
+            inputs=_inputs(),
+            valid_fraction=0.1,
+            progress=False,
+        )
     with pytest.raises(PrepareError, match="different settings"):
-        prepare(neox_out, tok, inputs=_inputs(), workers=1, shard_tokens=40_000, docs_per_unit=8,
-                valid_fraction=0.1, progress=False)
+        prepare(
+            neox_out,
+            tok,
+            inputs=_inputs(),
+            workers=1,
+            shard_tokens=40_000,
+            docs_per_unit=8,
+            valid_fraction=0.1,
+            progress=False,
+        )
 
 
 def test_cli_help_and_error():
@@ -217,9 +290,25 @@ def test_cli_help_and_error():
     import sys
 
     repo = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "tools/prepare_data.py", "--input", "missing.jsonl", "--tokenizer",
-                        "bytes", "--output", "/tmp/never"], cwd=repo, capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "error: input file not found: missing.jsonl"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "tools/prepare_data.py",
+            "--input",
+            "missing.jsonl",
+            "--tokenizer",
+            "bytes",
+            "--output",
+            "/tmp/never",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr.strip().splitlines()[-1] == "error: input file not found: missing.jsonl"
+    )
 
 
 def test_hugging_face_dataset_path(tmp_path):
@@ -231,9 +320,263 @@ def test_hugging_face_dataset_path(tmp_path):
     (tmp_path / "hub").mkdir()
     shutil.copy(src, tmp_path / "hub" / src.name)
     tok = str(shared_path("tokenizers", "llama2_tokenizer.model"))
-    m = prepare(tmp_path / "hf", tok, hf_dataset=str(tmp_path / "hub"), docs_per_unit=64, workers=1, progress=False)
+    m = prepare(
+        tmp_path / "hf",
+        tok,
+        hf_dataset=str(tmp_path / "hub"),
+        docs_per_unit=64,
+        workers=1,
+        progress=False,
+    )
     prepare(tmp_path / "local", tok, inputs=[str(src)], docs_per_unit=64, workers=1, progress=False)
     assert _files(tmp_path / "hf") == _files(tmp_path / "local")
-    assert m["train"]["documents"] == 150 and m["train"]["sources"][0]["hf_dataset"] == str(tmp_path / "hub")
+    assert m["train"]["documents"] == 150 and m["train"]["sources"][0]["hf_dataset"] == str(
+        tmp_path / "hub"
+    )
     with pytest.raises(SourceError, match="no field 'body'"):
-        prepare(tmp_path / "hf2", tok, hf_dataset=str(tmp_path / "hub"), text_field="body", progress=False)
+        prepare(
+            tmp_path / "hf2",
+            tok,
+            hf_dataset=str(tmp_path / "hub"),
+            text_field="body",
+            progress=False,
+        )
+
+
+# ----------------------------------------------------------------------------- bad input (issue 13)
+
+
+def _gappy_records() -> list[dict]:
+    """40 real documents with null (8), missing (6) and empty (5) texts between them."""
+    records = []
+    for i, doc in enumerate(_read_docs(SMALL[:1])[:40]):
+        records.append({"id": f"doc{i}", "text": doc})
+        if i % 5 == 0:
+            records.append({"id": f"null{i}", "text": None})
+        if i % 7 == 0:
+            records.append({"id": f"missing{i}"})
+        if i % 9 == 0:
+            records.append({"id": f"empty{i}", "text": ""})
+    return records
+
+
+def _write_jsonl(path: Path, records: list[dict], blank_after: int | None = None) -> Path:
+    lines = [json.dumps(r) for r in records]
+    if blank_after is not None:
+        lines.insert(blank_after, "")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_null_missing_and_empty_texts_are_skipped_and_counted_in_every_format(tmp_path):
+    """jsonl, parquet and a Hugging Face dataset with the same gaps write the bytes of the real
+    documents alone, and every manifest counts what was skipped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = _gappy_records()
+    docs = [r["text"] for r in records if r.get("text")]
+    tok = str(shared_path(*NEOX))
+    jsonl = _write_jsonl(tmp_path / "gappy.jsonl", records, blank_after=3)
+    parquet = tmp_path / "gappy.parquet"
+    pq.write_table(
+        pa.table({"id": [r["id"] for r in records], "text": [r.get("text") for r in records]}),
+        parquet,
+        row_group_size=16,
+    )
+    (tmp_path / "hub").mkdir()
+    _write_jsonl(tmp_path / "hub" / "data.jsonl", records)
+    clean = _write_jsonl(tmp_path / "clean.jsonl", [{"text": d} for d in docs])
+    common = dict(valid_fraction=0.2, docs_per_unit=8, workers=2, progress=False)
+    ref = prepare(tmp_path / "clean", tok, inputs=[str(clean)], **common)
+    assert ref["train"]["skipped_documents"] == {"no_text": 0, "empty_text": 0}
+    outs = {
+        "jsonl": prepare(tmp_path / "jsonl", tok, inputs=[str(jsonl)], **common),
+        "parquet": prepare(tmp_path / "parquet", tok, inputs=[str(parquet)], **common),
+        "hf": prepare(tmp_path / "hf", tok, hf_dataset=str(tmp_path / "hub"), **common),
+    }
+    for name, manifests in outs.items():
+        assert _files(tmp_path / name) == _files(tmp_path / "clean"), name
+        for split in ("train", "valid"):
+            assert manifests[split]["skipped_documents"] == {"no_text": 14, "empty_text": 5}, (
+                name,
+                split,
+            )
+            assert read_manifest(tmp_path / name / split)["skipped_documents"] == {
+                "no_text": 14,
+                "empty_text": 5,
+            }
+    assert ref["train"]["documents"] + ref["valid"]["documents"] == len(docs) == 40
+
+
+def test_skipped_counts_survive_a_crash_and_a_damaged_shard(tmp_path):
+    records = _gappy_records()
+    src = _write_jsonl(tmp_path / "gappy.jsonl", records)
+    settings = dict(
+        inputs=[str(src)],
+        workers=1,
+        shard_tokens=3_000,
+        docs_per_unit=4,
+        valid_fraction=0.2,
+        progress=False,
+    )
+    tok = str(shared_path(*NEOX))
+    whole = prepare(tmp_path / "whole", tok, **settings)
+    assert len(whole["train"]["shards"]) >= 4
+    # A crash after 5 units (SIGKILL, no clean-up), then the same command again.
+    proc = mp.get_context("fork").Process(
+        target=_prepare_gappy_then_crash, args=(tmp_path / "out", settings, 5)
+    )
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -9
+    partial = read_manifest(tmp_path / "out" / "train")
+    assert 0 < partial["skipped_documents"]["no_text"] < 14  # counted up to the resume point only
+    resumed = prepare(tmp_path / "out", tok, **settings)
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")
+    for split in ("train", "valid"):
+        assert (
+            resumed[split]["skipped_documents"]
+            == whole[split]["skipped_documents"]
+            == {"no_text": 14, "empty_text": 5}
+        )
+    # A damaged shard is rewritten from its start: the counts restart from there, not from zero.
+    (tmp_path / "out" / "train" / f"{whole['train']['shards'][2]['prefix']}.bin").write_bytes(b"")
+    again = prepare(tmp_path / "out", tok, **settings)
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")
+    assert again["train"]["skipped_documents"] == {"no_text": 14, "empty_text": 5}
+
+
+def _prepare_gappy_then_crash(out: Path, settings: dict, after_units: int) -> None:
+    os.environ["PRETRAIN_PREPARE_FAULT_AFTER_UNITS"] = str(after_units)
+    prepare(out, str(shared_path(*NEOX)), **settings)
+
+
+def _load_cli():
+    """tools/prepare_data.py's program, run in this process (or a fork of it), which has
+    megatron-core imported already; a fresh interpreter spends 5-20 s importing it."""
+    from pretrain.cli import prepare_data
+
+    return prepare_data
+
+
+def test_non_string_text_and_wrong_field_are_one_line_errors(tmp_path, capfd):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tok = str(shared_path(*NEOX))
+    records = [
+        {"text": "A first document."},
+        {"text": None},
+        {"text": "Another one."},
+        {"text": 42},
+        {"text": "Never reached."},
+    ]
+    bad = _write_jsonl(tmp_path / "bad.jsonl", records, blank_after=2)  # line 5 holds the 42
+    with pytest.raises(SourceError) as err:
+        prepare(tmp_path / "o", tok, inputs=[str(bad)], docs_per_unit=2, workers=1, progress=False)
+    assert str(err.value).startswith(f"{bad}:5: field 'text' is 42 (int), not a string;")
+    # The same through the command line with two workers: one line, no traceback.
+    capfd.readouterr()
+    rc = _load_cli().main(
+        [
+            "--input",
+            str(bad),
+            "--tokenizer",
+            tok,
+            "--output",
+            str(tmp_path / "cli"),
+            "--workers",
+            "2",
+            "--docs-per-unit",
+            "1",
+            "--no-progress",
+        ]
+    )
+    stderr = capfd.readouterr().err  # the file descriptor: the workers' output too
+    assert rc == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"error: {err.value}"
+    # parquet: a text column that does not hold strings
+    pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "ints.parquet")
+    with pytest.raises(
+        SourceError, match=r"ints.parquet: column 'text' holds int64, not text; pass --text-field"
+    ):
+        prepare(tmp_path / "o", tok, inputs=[str(tmp_path / "ints.parquet")], progress=False)
+    # jsonl: a field that no early record has is a wrong --text-field...
+    body = _write_jsonl(tmp_path / "body.jsonl", [{"body": f"text {i}"} for i in range(150)])
+    with pytest.raises(
+        SourceError,
+        match=r"its first 100 records have no field 'text' \(fields: body\); pass --text-field",
+    ):
+        prepare(tmp_path / "o", tok, inputs=[str(body)], progress=False)
+    # ...but one record without it is a missing text, skipped and counted.
+    late = _write_jsonl(
+        tmp_path / "late.jsonl", [{"id": 0}] + [{"text": f"text {i}"} for i in range(3)]
+    )
+    m = prepare(tmp_path / "late", tok, inputs=[str(late)], workers=1, progress=False)
+    assert m["train"]["documents"] == 3 and m["train"]["skipped_documents"]["no_text"] == 1
+
+
+def _cli_with_stderr(argv: list[str], stderr_path: str) -> None:
+    import sys
+
+    os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)  # workers inherit it
+    sys.stderr = open(2, "w", closefd=False)  # not pytest's capture  # noqa: SIM115
+    code = _load_cli().main(argv)
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_stops_cleanly_with_one_line(tmp_path, sig):
+    """A real signal to tools/prepare_data.py's main process in the middle of a 2-worker run:
+    exit 128+signal, one line naming the shards kept, no traceback from it or its workers."""
+    import signal
+    import time
+
+    one = gzip.decompress(
+        shared_path("webtext", "fineweb_10BT_legal-prefiltered_500docs.jsonl.gz").read_bytes()
+    )
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(one * 4)  # about 3M tokens: far more than the run gets to
+    out, err_path = tmp_path / "out", tmp_path / "stderr.txt"
+    argv = [
+        "--input",
+        str(big),
+        "--tokenizer",
+        str(shared_path(*NEOX)),
+        "--output",
+        str(out),
+        "--workers",
+        "2",
+        "--docs-per-unit",
+        "8",
+        "--shard-tokens",
+        "20000",
+    ]
+    import_quietly("megatron.core.datasets.indexed_dataset")  # once, before the fork
+    proc = mp.get_context("fork").Process(target=_cli_with_stderr, args=(argv, str(err_path)))
+    proc.start()
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:  # until the first shards are finished
+            if (out / "train" / MANIFEST).is_file() and len(
+                read_manifest(out / "train")["shards"]
+            ) >= 2:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("no shard written within 60 s")
+        os.kill(proc.pid, getattr(signal, sig))
+        proc.join(60)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 128 + getattr(signal, sig)
+    err = err_path.read_text()
+    assert "Traceback" not in err and "Error" not in err, err
+    kept = len(read_manifest(out / "train")["shards"])
+    assert not read_manifest(out / "train")["complete"] and kept >= 2
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted by {sig}; {kept} shards complete; rerun the same command to resume"
+    )

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 import statistics
 
 import yaml
-from conftest import REPO
 
 from pretrain.config import Config, to_dict
 from pretrain.run_layout import CONFIG_FILE, RunLayout
@@ -17,10 +15,10 @@ from pretrain.train.callbacks import MetricsFile, StepOutput
 
 
 def load_cli():
-    spec = importlib.util.spec_from_file_location("pretrain_tools_compare_runs", REPO / "tools" / "compare_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tools/compare_runs.py's program (pretrain/cli/compare_runs.py)."""
+    from pretrain.cli import compare_runs
+
+    return compare_runs
 
 
 def write_metrics(run, rows, resume_step=0):

@@ -4,7 +4,6 @@ harness's own Hugging Face model on the exported weights, and tools/evaluate.py 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, shared_path
+from conftest import shared_path
 
 from pretrain.config import ModelConfig
 from pretrain.model import Transformer
@@ -26,12 +25,10 @@ from pretrain.model.weights import (
 
 
 def load_cli():
-    """tools/evaluate.py as a module (not importable by name: `evaluate` is also the Hugging
-    Face package lm_eval imports)."""
-    spec = importlib.util.spec_from_file_location("pretrain_tools_evaluate", REPO / "tools" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tools/evaluate.py's program (pretrain/cli/evaluate.py)."""
+    from pretrain.cli import evaluate
+
+    return evaluate
 
 
 MAX_LEN = 128
@@ -191,10 +188,10 @@ def test_hf_export_gives_the_same_loglikelihoods(tiny_run, lm, tmp_path):
     from lm_eval.models.huggingface import HFLM
     from transformers import PreTrainedTokenizerFast
 
-    from pretrain.model.hf import save_hf
+    from pretrain.hf import export_hf
 
     model, _ = load_weights(tiny_run / CHECKPOINTS_DIR / step_tag(STEPS))
-    export = save_hf(model, tmp_path / "hf")
+    export = export_hf(model, tmp_path / "hf").path
     tok = PreTrainedTokenizerFast(tokenizer_file=str(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")),
                                   eos_token="<|endoftext|>")
     hf = HFLM(pretrained=str(export), tokenizer=tok, device="cpu", dtype="float32", batch_size=8)
@@ -273,7 +270,7 @@ def test_hf_llama_export_gives_the_same_loglikelihoods(tmp_path):
 
     from pretrain.data.tokenizer import load_tokenizer
     from pretrain.eval.harness import PretrainLM
-    from pretrain.model.hf import save_hf
+    from pretrain.hf import export_hf
 
     tok_path = shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")
     tok = load_tokenizer(tok_path)
@@ -284,7 +281,7 @@ def test_hf_llama_export_gives_the_same_loglikelihoods(tmp_path):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # norms and biases off their init too
     ours = PretrainLM(model=model, tokenizer=tok, batch_size=4)
-    hf = HFLM(pretrained=str(save_hf(model, tmp_path / "hf", "llama")),
+    hf = HFLM(pretrained=str(export_hf(model, tmp_path / "hf", "llama").path),
               tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token="<|endoftext|>"),
               device="cpu", dtype="float32", batch_size=4)
     reqs = task_instances("arc_challenge", 3, tmp_path) + _instances("loglikelihood", REQUESTS)
@@ -292,3 +289,111 @@ def test_hf_llama_export_gives_the_same_loglikelihoods(tmp_path):
                     strict=True):
         assert a[0] == pytest.approx(b[0], abs=1e-4)
         assert a[1] == b[1]
+
+
+# ----------------------------------------------------------------------------- short contexts (issue 13)
+
+_WORDS = (" the", " cat", " sat", " on", " a", " mat")  # one GPT-NeoX token each
+
+
+def _text(n: int) -> str:
+    return "".join(_WORDS[i % len(_WORDS)] for i in range(n))
+
+
+def test_truncation_matches_the_hf_backend_and_is_counted_once(tmp_path, caplog):
+    """Requests longer than a 64-token context, on a Llama-shaped model (full RoPE) and its
+    Hugging Face export under the harness's own HFLM: the same loglikelihoods, the same
+    requests cut (HFLM warns once per request, we once per call), and a continuation longer
+    than the context refused by both, ours with the task's name."""
+    import logging
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from transformers import PreTrainedTokenizerFast
+
+    from pretrain.data.tokenizer import load_tokenizer
+    from pretrain.eval.harness import ContinuationTooLong, PretrainLM
+    from pretrain.hf import export_hf
+
+    tok_path = shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")
+    tok = load_tokenizer(tok_path)
+    L = 64
+    torch.manual_seed(3)
+    model = Transformer(ModelConfig(vocab_size=tok.vocab_size, n_layers=2, d_model=64, n_heads=4,
+                                    n_kv_heads=2, d_ff=96, max_seq_len=L, rope_fraction=1.0)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ours = PretrainLM(model=model, tokenizer=tok, batch_size=4)
+    hf = HFLM(pretrained=str(export_hf(model, tmp_path / "hf", "llama").path),
+              tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token="<|endoftext|>"),
+              device="cpu", dtype="float32", batch_size=4)
+    assert hf.max_length == ours.max_length == L
+    pairs = [("Story:" + _text(100), _text(5)),  # context cut
+             ("Story:" + _text(30), _text(L)),  # the continuation fills the whole context
+             ("Story:" + _text(5), _text(20))]  # short: nothing cut
+    # Around the boundary: context + continuation of exactly L + 1 tokens is not cut, L + 2 is.
+    base = len(ours.tok_encode("Story:"))
+    pairs += [("Story:" + _text(L + 1 - base - 10), _text(10)), ("Story:" + _text(L + 2 - base - 10), _text(10))]
+    lengths = [sum(map(len, ours._encode_pair(c, x))) for c, x in pairs]
+    assert [n > L + 1 for n in lengths] == [True, True, False, False, True] and lengths[3] == L + 1
+    assert len(ours._encode_pair(*pairs[1])[1]) == L
+    reqs = [Instance("loglikelihood", {}, p, i, metadata=("short_task", i, 1)) for i, p in enumerate(pairs)]
+    with caplog.at_level(logging.WARNING):
+        got = ours.loglikelihood(reqs, disable_tqdm=True)
+        ours_warnings = [r for r in caplog.records if r.name == "pretrain.eval.harness"]
+        caplog.clear()
+        ref = hf.loglikelihood(reqs, disable_tqdm=True)
+        hf_warnings = [r for r in caplog.records if "Truncating" in r.getMessage()]
+    for a, b in zip(got, ref, strict=True):
+        assert a[0] == pytest.approx(b[0], abs=1e-4)
+        assert a[1] == b[1]
+    assert ours.requests_truncated == len(hf_warnings) == 3 and ours.requests_scored == 5
+    assert len(ours_warnings) == 1 and "3 of 5 loglikelihood requests" in ours_warnings[0].getMessage()
+    # A continuation of L + 1 tokens: no truncation helps. HFLM asserts; we name the task.
+    long = [Instance("loglikelihood", {}, ("Story:", _text(L + 1)), 0, metadata=("long_task", 0, 1)),
+            Instance("loglikelihood", {}, ("Story:", _text(3)), 1, metadata=("long_task", 1, 1))]
+    with pytest.raises(AssertionError):
+        hf.loglikelihood(long, disable_tqdm=True)
+    with pytest.raises(ContinuationTooLong) as err:
+        ours.loglikelihood(long, disable_tqdm=True)
+    assert err.value.tasks == {"long_task": (1, 2, L + 1)}
+    assert str(err.value).startswith(f"continuations longer than max_length={L} tokens (task long_task: 1 of 2, "
+                                     f"the longest {L + 1} tokens): ")
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory) -> Path:
+    """A byte-level model with a 128-token context, as the quickstart's: PIQA's answers are
+    longer than that in bytes."""
+    from pretrain.data.tokenizer import ByteTokenizer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=257, n_layers=2, d_model=64, n_heads=4, d_ff=128,
+                                    max_seq_len=MAX_LEN, rope_fraction=0.25))
+    run = tmp_path_factory.mktemp("byte_run")
+    wdir = run / CHECKPOINTS_DIR / step_tag(1)
+    save_weights(model, wdir, {"train": {"seed": 0}})
+    ByteTokenizer().save(wdir / "tokenizer")
+    (run / CHECKPOINTS_DIR / LATEST_FILE).write_text(step_tag(1))
+    return run
+
+
+def test_evaluate_refuses_or_skips_tasks_whose_answers_do_not_fit(byte_run, tmp_path, monkeypatch, capsys):
+    cli = load_cli()
+    monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
+    args = ["--run", str(byte_run), "--data-dir", str(shared_path("evals")), "--tasks", "piqa,arc_easy",
+            "--limit", "20"]
+    assert cli.main([*args, "--output", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err  # also the datasets library's progress bars
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert "Traceback" not in err and len(lines) == 1 and err.splitlines()[-1] == lines[0]
+    assert lines[0].startswith(f"error: continuations longer than max_length={MAX_LEN} tokens (task piqa: ")
+    assert lines[0].endswith("or leave it out of --tasks, or pass --skip-missing to skip it")
+    out = tmp_path / "eval"
+    assert cli.main([*args, "--skip-missing", "--output", str(out)]) == 0
+    results = json.loads((out / "lm_eval_results.json").read_text())
+    assert set(results["results"]) == {"arc_easy"} and results["config"]["model"] == "pretrain"
+    md = (out / "results.md").read_text()
+    assert f"- skipped (continuations longer than the {MAX_LEN}-token context): piqa" in md
+    assert "loglikelihood requests were longer than the model's context: their contexts were cut on the left" in md

@@ -1,4 +1,5 @@
-"""Parity with Hugging Face transformers: GPTNeoXForCausalLM and LlamaForCausalLM."""
+"""Parity with Hugging Face transformers in memory: GPTNeoXForCausalLM, LlamaForCausalLM and
+RopeLMForCausalLM (the remote-code model), both directions."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from transformers import (
 )
 
 from pretrain.config import ModelConfig, load_model_config
+from pretrain.hf import HFConversionError, export_hf, from_hf, hf_config, to_hf
 from pretrain.model import Transformer
-from pretrain.model.hf import HFConversionError, from_hf, hf_config, save_hf, to_hf
 from pretrain.model.weights import save_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,8 +28,16 @@ REPO = Path(__file__).resolve().parents[1]
 def random_model(seed: int, **kw) -> Transformer:
     """A small model with every weight random (norms and biases too), so nothing hides."""
     torch.manual_seed(seed)
-    base = dict(vocab_size=300, pad_vocab_to_multiple=64, n_layers=2, d_model=64, n_heads=4,
-                d_ff=112, max_seq_len=64, rope_theta=[10000.0, 500.0, 50000.0][seed % 3])
+    base = dict(
+        vocab_size=300,
+        pad_vocab_to_multiple=64,
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        d_ff=112,
+        max_seq_len=64,
+        rope_theta=[10000.0, 500.0, 50000.0][seed % 3],
+    )
     base.update(kw)
     model = Transformer(ModelConfig(**base)).eval()
     with torch.no_grad():
@@ -64,14 +73,24 @@ def test_export_gpt_neox_parallel_block(seed, fraction):
 
 
 def test_export_gpt_neox_sequential_tied_no_bias():
-    ours = random_model(3, block="sequential", norm="layernorm", mlp="gelu", attn_bias=False,
-                        mlp_bias=False, rope_fraction=0.5, tie_embeddings=True)
+    ours = random_model(
+        3,
+        block="sequential",
+        norm="layernorm",
+        mlp="gelu",
+        attn_bias=False,
+        mlp_bias=False,
+        rope_fraction=0.5,
+        tie_embeddings=True,
+    )
     check_same(ours, to_hf(ours), 3)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_export_llama_gqa(seed):
-    ours = random_model(seed, n_heads=8, n_kv_heads=2, mlp_bias=seed == 1, attn_bias=seed == 2, **LLAMA)
+    ours = random_model(
+        seed, n_heads=8, n_kv_heads=2, mlp_bias=seed == 1, attn_bias=seed == 2, **LLAMA
+    )
     hf = to_hf(ours)
     assert isinstance(hf, LlamaForCausalLM) and hf.config.num_key_value_heads == 2
     check_same(ours, hf, seed)
@@ -80,10 +99,20 @@ def test_export_llama_gqa(seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_import_gpt_neox_weights(seed):
     torch.manual_seed(seed)
-    cfg = GPTNeoXConfig(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=64, use_parallel_residual=True,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                         "partial_rotary_factor": 0.25})
+    cfg = GPTNeoXConfig(
+        vocab_size=320,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        use_parallel_residual=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
+    )
     hf = GPTNeoXForCausalLM(cfg).eval()
     with torch.no_grad():
         for p in hf.parameters():
@@ -95,9 +124,16 @@ def test_import_gpt_neox_weights(seed):
 
 def test_import_llama_weights():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
-                      num_key_value_heads=2, intermediate_size=96, max_position_embeddings=64,
-                      rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    cfg = LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+    )
     hf = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         for p in hf.parameters():
@@ -107,15 +143,34 @@ def test_import_llama_weights():
     check_same(ours, hf, 0)
 
 
-@pytest.mark.parametrize("kw, target, words", [
-    (dict(qk_norm=True, **LLAMA), "llama", ["QK-Norm"]),
-    (dict(block="sequential", norm="rmsnorm", mlp="swiglu", rope_fraction=0.25), "llama", ["partial RoPE"]),
-    (dict(block="parallel", norm="rmsnorm", mlp="gelu"), "gpt_neox", ["LayerNorm only", "rmsnorm"]),
-    (dict(block="parallel", norm="layernorm", mlp="swiglu"), "gpt_neox", ["GeLU"]),
-    (dict(norm="layernorm", mlp="gelu", n_kv_heads=2), "gpt_neox", ["grouped-query"]),
-    (dict(norm="layernorm", mlp="gelu", learned_pos_emb=True), "gpt_neox", ["learned absolute positions"]),
-    (dict(block="parallel", **{k: v for k, v in LLAMA.items() if k != "block"}), "llama", ["parallel block"]),
-])
+@pytest.mark.parametrize(
+    "kw, target, words",
+    [
+        (dict(qk_norm=True, **LLAMA), "llama", ["QK-Norm"]),
+        (
+            dict(block="sequential", norm="rmsnorm", mlp="swiglu", rope_fraction=0.25),
+            "llama",
+            ["partial RoPE"],
+        ),
+        (
+            dict(block="parallel", norm="rmsnorm", mlp="gelu"),
+            "gpt_neox",
+            ["LayerNorm only", "rmsnorm"],
+        ),
+        (dict(block="parallel", norm="layernorm", mlp="swiglu"), "gpt_neox", ["GeLU"]),
+        (dict(norm="layernorm", mlp="gelu", n_kv_heads=2), "gpt_neox", ["grouped-query"]),
+        (
+            dict(norm="layernorm", mlp="gelu", learned_pos_emb=True),
+            "gpt_neox",
+            ["learned absolute positions"],
+        ),
+        (
+            dict(block="parallel", **{k: v for k, v in LLAMA.items() if k != "block"}),
+            "llama",
+            ["parallel block"],
+        ),
+    ],
+)
 def test_unrepresentable_features_are_refused(kw, target, words):
     ours = random_model(0, **kw)
     with pytest.raises(HFConversionError) as e:
@@ -127,7 +182,12 @@ def test_unrepresentable_features_are_refused(kw, target, words):
 def test_pythia1b_preset_exports_the_published_pythia_config():
     cfg = hf_config(load_model_config(REPO / "configs/models/pythia1b.yaml"))
     # EleutherAI/pythia-1b config.json values.
-    assert (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == ("gpt_neox", 2048, 16, 8)
+    assert (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (
+        "gpt_neox",
+        2048,
+        16,
+        8,
+    )
     assert (cfg.intermediate_size, cfg.vocab_size, cfg.use_parallel_residual) == (8192, 50304, True)
     assert cfg.rope_parameters["partial_rotary_factor"] == 0.25 and cfg.hidden_act == "gelu"
 
@@ -136,8 +196,16 @@ def test_partial_rotary_factor_survives_hf_rounding():
     # HF takes int(head_dim * factor): every even rotary_dims must come back exactly.
     for hd in (64, 128, 256):
         for r in range(2, hd + 1, 2):
-            f = hf_config(ModelConfig(d_model=hd, n_heads=1, norm="layernorm", mlp="gelu",
-                                      rope_fraction=None, rotary_dims=r)).rope_parameters["partial_rotary_factor"]
+            f = hf_config(
+                ModelConfig(
+                    d_model=hd,
+                    n_heads=1,
+                    norm="layernorm",
+                    mlp="gelu",
+                    rope_fraction=None,
+                    rotary_dims=r,
+                )
+            ).rope_parameters["partial_rotary_factor"]
             assert int(hd * f) == r
 
 
@@ -146,25 +214,93 @@ def test_export_tool_writes_a_folder_from_pretrained_loads(tmp_path):
     save_weights(ours, tmp_path / "run" / "checkpoints" / "step_0000005")
     (tmp_path / "run" / "checkpoints" / "latest").write_text("step_0000005")
     out = tmp_path / "hf"
-    r = subprocess.run([sys.executable, str(REPO / "tools/export_hf.py"), "--run", str(tmp_path / "run"),
-                        "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools/export_hf.py"),
+            "--run",
+            str(tmp_path / "run"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     check_same(ours, hf, 0)
 
 
-def test_export_tool_refuses_qk_norm_with_a_clear_message(tmp_path):
-    ours = random_model(0, qk_norm=True, **LLAMA)
-    save_weights(ours, tmp_path / "w")
-    r = subprocess.run([sys.executable, str(REPO / "tools/export_hf.py"), "--run", str(tmp_path / "w"),
-                        "--out", str(tmp_path / "hf")], capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 2
-    assert "QK-Norm" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_save_hf_then_load_back(tmp_path):
+def test_export_hf_then_load_back(tmp_path):
     ours = random_model(1, n_heads=8, n_kv_heads=4, **LLAMA)
-    save_hf(ours, tmp_path)
+    export_hf(ours, tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     check_same(ours, hf, 1)
     check_same(from_hf(hf), hf, 2)
+
+
+REMOTE_SHAPES = {
+    "llama_gqa_full": dict(n_heads=8, n_kv_heads=2, **LLAMA),
+    "llama_partial_qknorm_bias": dict(
+        n_heads=8,
+        n_kv_heads=4,
+        rope_fraction=0.25,
+        qk_norm=True,
+        attn_bias=True,
+        **{k: v for k, v in LLAMA.items() if k != "rope_fraction"},
+    ),
+    "parallel_rmsnorm_swiglu_nope": dict(
+        block="parallel", norm="rmsnorm", mlp="swiglu", rope_fraction=0.0
+    ),
+    "neox_parallel_partial": dict(block="parallel", rope_fraction=0.25, **NEOX),
+    "layernorm_qknorm_nobias": dict(norm="layernorm", mlp="gelu", qk_norm=True, rope_fraction=0.5),
+    "char_gpt": dict(
+        norm="layernorm",
+        mlp="gelu",
+        mlp_bias=False,
+        learned_pos_emb=True,
+        tie_embeddings=True,
+        dropout=0.2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REMOTE_SHAPES))
+def test_remote_code_model_matches_ours_both_ways(name):
+    """RopeLM holds every shape, the native ones included: same logits, same loss, and its
+    weights come back bit for bit."""
+    ours = random_model(4, **REMOTE_SHAPES[name])
+    hf = to_hf(ours, "rope_lm")
+    assert type(hf).__name__ == "RopeLMForCausalLM"
+    check_same(ours, hf, 4)
+    back = from_hf(hf)
+    assert back.cfg.rope_dims == ours.cfg.rope_dims and back.cfg.qk_norm == ours.cfg.qk_norm
+    for k, v in ours.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_remote_code_generates_left_padded_batches_like_ours(cache):
+    """A left-padded batch through generate() gives each prompt the tokens our model gives it
+    alone (positions count real tokens, so learned positions are right too)."""
+    ours = random_model(5, **REMOTE_SHAPES["char_gpt"])
+    hf = to_hf(ours, "rope_lm")
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randint(0, 300, (1, 12), generator=g), torch.randint(0, 300, (1, 7), generator=g)
+    ids = torch.zeros(2, 12, dtype=torch.long)
+    ids[0], ids[1, 5:] = a, b
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    out = hf.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=16,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        suppress_tokens=list(range(300, 320)),
+        cache_implementation=cache,
+    )
+    assert torch.equal(out[0], ours.generate(a, 16, temperature=0)[0])
+    assert torch.equal(out[1, 5:], ours.generate(b, 16, temperature=0)[0])

@@ -312,9 +312,11 @@ def test_max_attention_logit_matches_explicit_scores():
         return orig(x, cos, sin, kv_cache, layer)
 
     attn.forward = spy
-    model.set_record_max_logit(True)
-    model(torch.randint(0, 97, (2, 16)))
-    assert abs(model.max_attention_logits()[0] - seen["ref"].item()) < 1e-5
+    x = torch.randint(0, 97, (2, 16))
+    model(x)
+    from pretrain.model.probes import max_attention_logits
+
+    assert abs(max_attention_logits(model, x)[0] - seen["ref"].item()) < 1e-5
 
 
 # ----------------------------------------------------------------------------- counts

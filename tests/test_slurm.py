@@ -30,11 +30,9 @@ import time
 from pathlib import Path
 
 import pytest
+from train_support import LAUNCH_VARS, prepare_stdlib, run_main, tiny_config, write_config
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from train_support import LAUNCH_VARS, prepare_stdlib, run_main, tiny_config, write_config  # noqa: E402
 
 from pretrain.sweep import Run, Slurm, paper_runs, render_job_script  # noqa: E402
 

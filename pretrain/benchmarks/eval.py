@@ -168,16 +168,16 @@ def run(args: argparse.Namespace) -> None:
         from lm_eval.models.huggingface import HFLM
         from transformers import PreTrainedTokenizerFast
 
-        from pretrain.model.hf import save_hf
+        from pretrain.hf import export_hf
 
         if tok.kind != "hf":
             raise SystemExit("--compare-hf needs a Hugging Face tokenizer.json (--tokenizer)")
         tmp = tempfile.mkdtemp(prefix="bench_eval_hf_")
-        save_hf(model.float().cpu(), tmp, dtype=dtype)
+        export_hf(model.float().cpu(), tmp, dtype=dtype)
         model.to(device=device, dtype=dtype)
         hf_tok = PreTrainedTokenizerFast(tokenizer_file=tok_spec, eos_token=tok.eod_token)
         hf = HFLM(pretrained=tmp, tokenizer=hf_tok, device=device, batch_size=args.batch_size,
-                  dtype=str(dtype).replace("torch.", ""))
+                  dtype=str(dtype).replace("torch.", ""), trust_remote_code=True)
         runners.append(("hf", hf))
     for name, obj in runners:
         wall, cpu = _time(sync(obj.loglikelihood), ll)

@@ -1,5 +1,10 @@
 """Where documents come from: local parquet / jsonl(.gz) / txt files, or a Hugging Face dataset.
 
+One policy for every format: a record whose text is null or missing reads as None (prepare.py
+skips and counts it, as it does empty texts); a text that is not a string is an error naming
+the file and line (parquet: a text column that is not a string column; a Hugging Face dataset:
+the row). A field that the first records of a file lack altogether is a wrong --text-field.
+
 The input is cut into *units* (a parquet row group, or at most `docs_per_unit` jsonl lines,
 text files or texts) in a fixed order that depends only on the input, never on the number
 of workers. A unit is a small picklable description; `read_unit` turns it into texts inside
@@ -26,6 +31,8 @@ PARQUET = (".parquet",)
 JSONL = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz")
 TEXT = (".txt", ".txt.gz", ".text")
 TXT_MODES = ("file", "line", "paragraph")
+# A jsonl file must have the text field in one of its first records (else: wrong --text-field).
+FIELD_CHECK_RECORDS = 100
 
 
 def _kind(path: Path) -> str:
@@ -53,17 +60,26 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     out: list[Path] = []
     for pattern in patterns:
         if any(ch in pattern for ch in "*?["):
-            matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+            matches = sorted(
+                Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()
+            )
             if not matches:
                 raise SourceError(f"--input {pattern!r} matches no file")
         else:
             p = Path(pattern)
             if p.is_dir():
                 # A downloaded dataset folder also holds READMEs and caches: take the data files.
-                matches = sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")
-                                 and q.name.lower().endswith(PARQUET + JSONL + TEXT))
+                matches = sorted(
+                    q
+                    for q in p.rglob("*")
+                    if q.is_file()
+                    and not q.name.startswith(".")
+                    and q.name.lower().endswith(PARQUET + JSONL + TEXT)
+                )
                 if not matches:
-                    raise SourceError(f"--input {pattern}: the folder holds no .parquet, .jsonl or .txt file")
+                    raise SourceError(
+                        f"--input {pattern}: the folder holds no .parquet, .jsonl or .txt file"
+                    )
             elif p.is_file():
                 matches = [p]
             else:
@@ -102,28 +118,73 @@ def open_source(path: Path, text_field: str, txt_mode: str) -> Source:
         try:
             meta = pq.ParquetFile(path).metadata
         except Exception as e:
-            raise SourceError(f"{path}: not a readable parquet file ({type(e).__name__}: {e}); "
-                              f"download it again") from None
-        names = meta.schema.names
-        if text_field not in names:
-            raise SourceError(f"{path}: no column {text_field!r} (columns: {', '.join(names)}); "
-                              f"pass --text-field with one of them")
+            raise SourceError(
+                f"{path}: not a readable parquet file ({type(e).__name__}: {e}); download it again"
+            ) from None
+        schema = meta.schema.to_arrow_schema()
+        if text_field not in schema.names:
+            raise SourceError(
+                f"{path}: no column {text_field!r} (columns: {', '.join(schema.names)}); "
+                f"pass --text-field with one of them"
+            )
+        kind_of = schema.field(text_field).type
+        if not _is_arrow_string(kind_of):
+            raise SourceError(
+                f"{path}: column {text_field!r} holds {kind_of}, not text; pass "
+                f"--text-field naming the column with the documents' text"
+            )
         src.row_groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     elif kind == "jsonl":
+        # A record without the field is skipped like a null text, but a field that none of the
+        # first records has is a wrong --text-field, as a missing parquet column is.
+        records: list[tuple[int, dict]] = []
         try:
             with _open_binary(path) as f:
-                first = next((line for line in f if line.strip()), None)
+                for line_no, line in enumerate(f, 1):
+                    if line.strip():
+                        records.append((line_no, _parse_json_line(line, path, line_no)))
+                        if len(records) == FIELD_CHECK_RECORDS:
+                            break
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise SourceError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
-        if first is None:
+        if not records:
             raise SourceError(f"input file has no documents: {path}")
-        record = _parse_json_line(first, path, 1)
-        if text_field not in record:
-            raise SourceError(f"{path}: line 1 has no field {text_field!r} (fields: "
-                              f"{', '.join(record)}); pass --text-field with one of them")
+        if not any(text_field in r for _, r in records):
+            fields = list(dict.fromkeys(k for _, r in records for k in r))
+            where = (
+                f"line {records[0][0]} has"
+                if len(records) == 1
+                else f"its first {len(records)} records have"
+            )
+            raise SourceError(
+                f"{path}: {where} no field {text_field!r} (fields: "
+                f"{', '.join(fields)}); pass --text-field with one of them"
+            )
     elif txt_mode not in TXT_MODES:
         raise SourceError(f"--txt-mode {txt_mode!r} is unknown; use one of {', '.join(TXT_MODES)}")
     return src
+
+
+def _is_arrow_string(tp) -> bool:
+    import pyarrow as pa
+
+    checks = [pa.types.is_string, pa.types.is_large_string, pa.types.is_null]  # null: all None
+    if hasattr(pa.types, "is_string_view"):
+        checks.append(pa.types.is_string_view)
+    return any(check(tp) for check in checks)
+
+
+def text_or_none(value, where: str, text_field: str) -> str | None:
+    """The document text of one record: a string, or None for a null or missing text (the
+    caller skips and counts it). Anything else is an error naming the record."""
+    if value is None or isinstance(value, str):
+        return value
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise SourceError(
+        f"{where}: field {text_field!r} is {shown} ({type(value).__name__}), not a "
+        f"string; fix or remove that record, or pass --text-field naming the text field"
+    )
 
 
 def _parse_json_line(line: bytes, path: Path | str, line_no: int) -> dict:
@@ -139,9 +200,9 @@ def _parse_json_line(line: bytes, path: Path | str, line_no: int) -> dict:
 # ----------------------------------------------------------------------------- units
 #
 # ("parquet", path, row_group, field)                 one row group
-# ("jsonl", path, first_line_no, [raw lines], field)
+# ("jsonl", path, [line numbers], [raw lines], field)
 # ("files", [paths])                                  one document per text file
-# ("texts", [texts])                                  already text (txt lines, HF, recipes)
+# ("texts", [texts or None])                          already text (txt lines, HF, recipes)
 
 
 @dataclass
@@ -176,29 +237,32 @@ def iter_units(sources: list[Source], docs_per_unit: int) -> Iterator[Unit]:
 
 def count_units(sources: list[Source], docs_per_unit: int) -> int | None:
     """Number of units when known without reading the files (parquet, one-file documents)."""
-    if any(src.kind == "jsonl" or (src.kind == "text" and src.txt_mode != "file") for src in sources):
+    if any(
+        src.kind == "jsonl" or (src.kind == "text" and src.txt_mode != "file") for src in sources
+    ):
         return None
     return sum(1 for _ in iter_units(sources, docs_per_unit))
 
 
 def _jsonl_units(src: Source, docs_per_unit: int) -> Iterator[Unit]:
     lines: list[bytes] = []
-    first = 1
+    numbers: list[int] = []  # each line's number in the file, for error messages
     try:
         with _open_binary(src.path) as f:
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                if not lines:
-                    first = line_no
                 lines.append(line)
+                numbers.append(line_no)
                 if len(lines) == docs_per_unit:
-                    yield Unit(("jsonl", str(src.path), first, lines, src.text_field))
-                    lines = []
+                    yield Unit(("jsonl", str(src.path), numbers, lines, src.text_field))
+                    lines, numbers = [], []
     except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise SourceError(f"{src.path}: unreadable ({type(e).__name__}: {e}); the file may be truncated") from None
+        raise SourceError(
+            f"{src.path}: unreadable ({type(e).__name__}: {e}); the file may be truncated"
+        ) from None
     if lines:
-        yield Unit(("jsonl", str(src.path), first, lines, src.text_field))
+        yield Unit(("jsonl", str(src.path), numbers, lines, src.text_field))
 
 
 def _read_text(path: Path) -> str:
@@ -218,11 +282,17 @@ def _text_units(src: Source, docs_per_unit: int) -> Iterator[Unit]:
     else:  # paragraph: blank-line separated
         docs = [d.strip("\n") for d in text.split("\n\n") if d.strip()]
     for i in range(0, len(docs), docs_per_unit):
-        yield Unit(("texts", docs[i:i + docs_per_unit]))
+        yield Unit(("texts", docs[i : i + docs_per_unit]))
 
 
-def hf_units(name: str, config: str | None, split: str, text_field: str, docs_per_unit: int,
-             streaming: bool = True) -> Iterator[Unit]:
+def hf_units(
+    name: str,
+    config: str | None,
+    split: str,
+    text_field: str,
+    docs_per_unit: int,
+    streaming: bool = True,
+) -> Iterator[Unit]:
     """Units from a Hugging Face dataset (streamed: no full download before tokenizing)."""
     try:
         import datasets
@@ -234,12 +304,14 @@ def hf_units(name: str, config: str | None, split: str, text_field: str, docs_pe
             f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); check the name and the network, "
             f"or download its parquet files and pass them with --input"
         ) from None
-    texts: list[str] = []
+    texts: list[str | None] = []
     for i, row in enumerate(ds):
-        if text_field not in row:
-            raise SourceError(f"--hf-dataset {name}: row {i} has no field {text_field!r} "
-                              f"(fields: {', '.join(row)}); pass --text-field")
-        texts.append(row[text_field])
+        if i == 0 and text_field not in row:
+            raise SourceError(
+                f"--hf-dataset {name}: row {i} has no field {text_field!r} "
+                f"(fields: {', '.join(row)}); pass --text-field"
+            )
+        texts.append(text_or_none(row.get(text_field), f"--hf-dataset {name}: row {i}", text_field))
         if len(texts) == docs_per_unit:
             yield Unit(("texts", texts))
             texts = []
@@ -247,23 +319,19 @@ def hf_units(name: str, config: str | None, split: str, text_field: str, docs_pe
         yield Unit(("texts", texts))
 
 
-def read_unit(payload: tuple) -> list[str]:
-    """The texts of one unit (runs in a worker)."""
+def read_unit(payload: tuple) -> list[str | None]:
+    """The texts of one unit (runs in a worker); None where a record's text is null or missing."""
     kind = payload[0]
     if kind == "texts":
         return list(payload[1])
     if kind == "files":
         return [_read_text(Path(p)) for p in payload[1]]
     if kind == "jsonl":
-        _, path, first, lines, text_field = payload
+        _, path, numbers, lines, text_field = payload
         texts = []
-        for k, line in enumerate(lines):
-            record = _parse_json_line(line, path, first + k)
-            value = record.get(text_field)
-            if not isinstance(value, str):
-                raise SourceError(f"{path}: a record near line {first + k} has no string field "
-                                  f"{text_field!r}; pass --text-field or clean the file")
-            texts.append(value)
+        for line_no, line in zip(numbers, lines, strict=True):
+            record = _parse_json_line(line, path, line_no)
+            texts.append(text_or_none(record.get(text_field), f"{path}:{line_no}", text_field))
         return texts
     if kind == "parquet":
         import pyarrow.parquet as pq
@@ -272,7 +340,9 @@ def read_unit(payload: tuple) -> list[str]:
         try:
             table = pq.ParquetFile(path).read_row_group(rg, columns=[text_field])
         except Exception as e:
-            raise SourceError(f"{path}: row group {rg} unreadable ({type(e).__name__}: {e}); "
-                              f"download the file again") from None
-        return ["" if t is None else t for t in table.column(0).to_pylist()]
+            raise SourceError(
+                f"{path}: row group {rg} unreadable ({type(e).__name__}: {e}); "
+                f"download the file again"
+            ) from None
+        return table.column(0).to_pylist()  # strings (the schema was checked) or None
     raise ValueError(f"unknown unit kind {kind!r}")

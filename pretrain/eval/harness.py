@@ -14,8 +14,12 @@ continuation; an empty context is conditioned on the end-of-document token). Wha
   budget (right padding is harmless to a causal model: padded positions come after every
   scored one); requests sharing context + continuation[:-1] run once, which makes
   multiple-choice tasks with one-token answers several times cheaper. The output layer
-  runs on the scored positions only. Inputs longer than the model's max_seq_len keep their
-  last max_seq_len tokens.
+  runs on the scored positions only. A request longer than the context is cut on the left
+  exactly as the harness's `hf` backend cuts it (the last max_length + 1 tokens of context +
+  continuation, less the last, are the input; the continuation stays whole); the requests so
+  cut are counted (`requests_truncated`) and a warning says so once per call. A continuation
+  that alone is longer than max_length cannot be scored by any truncation (the `hf` backend
+  asserts): `ContinuationTooLong` names the tasks, before anything runs.
 - loglikelihood_rolling: the harness's disjoint rolling windows of max_seq_len tokens.
 - generate_until: greedy (or sampled) decoding with our KV cache; prompts of equal length
   run as one batch (the model has no padding mask, so unequal ones run apart).
@@ -47,11 +51,39 @@ from pretrain.model.weights import find_weights_dir, load_weights
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = "tokenizer"
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 # (cache key, context tokens, continuation tokens), as TemplateLM builds them
 Request = tuple[Any, list[int], list[int]]
+
+
+class ContinuationTooLong(ConfigError):
+    """Loglikelihood requests whose continuation alone is longer than max_length.
+
+    `tasks` maps each task (None: requests without one) to (such requests, its requests,
+    the longest continuation in tokens).
+    """
+
+    def __init__(self, max_length: int, tasks: dict[str | None, tuple[int, int, int]]) -> None:
+        self.max_length = max_length
+        self.tasks = tasks
+        parts = [
+            f"{'task ' + t if t else 'requests'}: {n} of {total}, the longest {longest} tokens"
+            for t, (n, total, longest) in tasks.items()
+        ]
+        it = "them" if len(tasks) > 1 else "it"
+        super().__init__(
+            f"continuations longer than max_length={max_length} tokens ({'; '.join(parts)}): no "
+            f"truncation of the context makes them fit, and lm-eval's hf backend refuses them too; "
+            f"evaluate with a model of a longer context, or leave {it} out of --tasks"
+        )
 
 
 def default_device() -> str:
@@ -69,8 +101,13 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -
     return _DTYPES[dtype]
 
 
-def load_checkpoint(path: str | Path, step: int | None = None, device: str | None = None,
-                    dtype: str | torch.dtype | None = "auto", tokenizer: str | None = None):
+def load_checkpoint(
+    path: str | Path,
+    step: int | None = None,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = "auto",
+    tokenizer: str | None = None,
+):
     """(model, tokenizer, weights folder, full config) of a run folder / checkpoint / weights folder."""
     from pretrain.data.tokenizer import load_tokenizer
 
@@ -79,8 +116,10 @@ def load_checkpoint(path: str | Path, step: int | None = None, device: str | Non
     model, config = load_weights(wdir, device=device, dtype=resolve_dtype(dtype, device))
     spec = tokenizer or wdir / TOKENIZER_DIR
     if tokenizer is None and not Path(spec).is_dir():
-        raise ConfigError(f"{wdir} has no {TOKENIZER_DIR}/ folder; pass tokenizer=SPEC "
-                          f"(e.g. the tokenizer.json the run was trained with)")
+        raise ConfigError(
+            f"{wdir} has no {TOKENIZER_DIR}/ folder; pass tokenizer=SPEC "
+            f"(e.g. the tokenizer.json the run was trained with)"
+        )
     return model, load_tokenizer(spec), wdir, config
 
 
@@ -104,12 +143,20 @@ class PretrainLM(TemplateLM):
     # Scored positions per output-layer chunk: bounds the (positions x vocabulary) log-probs.
     score_chunk_rows = 4096
 
-    def __init__(self, path: str | None = None, step: int | str | None = None,
-                 device: str | None = None, dtype: str | None = "auto",
-                 batch_size: int | str = 64, max_batch_tokens: int | str | None = None,
-                 max_length: int | str | None = None, tokenizer: Any = None,
-                 model: Transformer | None = None, max_batch_size: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        step: int | str | None = None,
+        device: str | None = None,
+        dtype: str | None = "auto",
+        batch_size: int | str = 64,
+        max_batch_tokens: int | str | None = None,
+        max_length: int | str | None = None,
+        tokenizer: Any = None,
+        model: Transformer | None = None,
+        max_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
         if kwargs:
             log.warning("pretrain model: ignoring unknown model_args %s", sorted(kwargs))
@@ -117,8 +164,12 @@ class PretrainLM(TemplateLM):
             if path is None:
                 raise ConfigError("the pretrain model needs path=RUN_OR_WEIGHTS_FOLDER (or model=)")
             model, tok, self.weights_dir, _ = load_checkpoint(
-                path, int(step) if step not in (None, "") else None, device, dtype,
-                tokenizer if isinstance(tokenizer, str) else None)
+                path,
+                int(step) if step not in (None, "") else None,
+                device,
+                dtype,
+                tokenizer if isinstance(tokenizer, str) else None,
+            )
             if tokenizer is not None and not isinstance(tokenizer, str):
                 tok = tokenizer
         else:
@@ -134,11 +185,16 @@ class PretrainLM(TemplateLM):
         if max_batch_size:
             self.batch_size = min(self.batch_size, int(max_batch_size))
         on_gpu = self.device.type == "cuda"
-        self.max_batch_tokens = self._positive_int(max_batch_tokens, "max_batch_tokens",
-                                                   default=65536 if on_gpu else 16384)
+        self.max_batch_tokens = self._positive_int(
+            max_batch_tokens, "max_batch_tokens", default=65536 if on_gpu else 16384
+        )
         limit = model.cfg.max_seq_len
         self._max_length = min(int(max_length), limit) if max_length else limit
         self.vocab_size = model.cfg.padded_vocab_size
+        # Loglikelihood requests scored, and those whose context was cut on the left.
+        self.requests_scored = 0
+        self.requests_truncated = 0
+        self._request_tasks: list[str | None] | None = None
 
     @staticmethod
     def _positive_int(value: Any, name: str, default: int) -> int:
@@ -157,10 +213,12 @@ class PretrainLM(TemplateLM):
     def eot_token_id(self) -> int:
         eod = self.tok.eod_id
         if eod is None:
-            raise ConfigError(f"tokenizer {self.tok.identifier} has no end-of-document token; the "
-                              f"harness needs one to score text without a context (rolling "
-                              f"loglikelihood, empty contexts). Character-level models: use "
-                              f"tools/evaluate.py --val for bits per character")
+            raise ConfigError(
+                f"tokenizer {self.tok.identifier} has no end-of-document token; the "
+                f"harness needs one to score text without a context (rolling "
+                f"loglikelihood, empty contexts). Character-level models: use "
+                f"tools/evaluate.py --val for bits per character"
+            )
         return eod
 
     @property
@@ -171,7 +229,9 @@ class PretrainLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return self.tok.identifier
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, **kwargs
+    ) -> list[int]:
         # Our tokenizers never add special tokens; documents were trained with only an
         # end-of-document token between them, which is the harness's prefix token here.
         return self.tok.encode(string)
@@ -180,6 +240,50 @@ class PretrainLM(TemplateLM):
         return self.tok.decode(list(tokens))
 
     # ------------------------------------------------------------------ scoring
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        # TemplateLM tokenizes the requests in order: remember their tasks for error messages.
+        self._request_tasks = [getattr(r, "task_name", None) for r in requests]
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._request_tasks = None
+
+    def _check_lengths(self, requests: list[Request]) -> None:
+        """Refuse continuations longer than max_length (naming their tasks); count and report,
+        once, the requests whose context is cut on the left."""
+        tasks = (
+            self._request_tasks
+            if self._request_tasks and len(self._request_tasks) == len(requests)
+            else [None] * len(requests)
+        )
+        too_long: dict[str | None, list[int]] = {}
+        for task, (_, _, cont) in zip(tasks, requests, strict=True):
+            if not cont:
+                raise ValueError("a loglikelihood request has an empty continuation")
+            if len(cont) > self.max_length:
+                too_long.setdefault(task, []).append(len(cont))
+        if too_long:
+            totals: dict[str | None, int] = {}
+            for task in tasks:
+                totals[task] = totals.get(task, 0) + 1
+            raise ContinuationTooLong(
+                self.max_length,
+                {t: (len(lengths), totals[t], max(lengths)) for t, lengths in too_long.items()},
+            )
+        cut = sum(len(ctx) + len(cont) > self.max_length + 1 for _, ctx, cont in requests)
+        self.requests_scored += len(requests)
+        self.requests_truncated += cut
+        if cut:
+            log.warning(
+                "%d of %d loglikelihood requests are longer than max_length=%d tokens: their "
+                "contexts are cut on the left to the last %d tokens of context + continuation, "
+                "as lm-eval's hf backend does",
+                cut,
+                len(requests),
+                self.max_length,
+                self.max_length + 1,
+            )
+
     def _token_batches(self, ordered: list[int], requests: list[Request]) -> Iterator[list[int]]:
         """Batches of request indices (sorted longest first) under batch_size sequences and
         max_batch_tokens padded tokens."""
@@ -188,7 +292,9 @@ class PretrainLM(TemplateLM):
         for i in ordered:
             n = min(len(requests[i][1]) + len(requests[i][2]) - 1, self.max_length)
             w = max(width, n)
-            if batch and (len(batch) >= self.batch_size or w * (len(batch) + 1) > self.max_batch_tokens):
+            if batch and (
+                len(batch) >= self.batch_size or w * (len(batch) + 1) > self.max_batch_tokens
+            ):
                 yield batch
                 batch, w = [], n
             batch.append(i)
@@ -196,8 +302,9 @@ class PretrainLM(TemplateLM):
         if batch:
             yield batch
 
-    def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
-                              **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests: list[Request], disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
         """(sum of log-probs of the continuation, whether it is the greedy one) per request.
 
         Requests whose context + continuation[:-1] are equal (multiple choice with one-token
@@ -207,12 +314,7 @@ class PretrainLM(TemplateLM):
         token log-probs over the member's span but the last, plus the log-prob of the
         member's last token, read from the full row of the last position.
         """
-        for _, _, cont in requests:
-            if not cont:
-                raise ValueError("a loglikelihood request has an empty continuation")
-            if len(cont) > self.max_length:
-                raise ValueError(f"a continuation of {len(cont)} tokens does not fit in "
-                                 f"max_length={self.max_length}")
+        self._check_lengths(requests)
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (_, ctx, cont) in enumerate(requests):
             groups.setdefault(tuple(ctx + cont[:-1]), []).append(i)
@@ -224,13 +326,14 @@ class PretrainLM(TemplateLM):
         pbar = tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood requests")
         for batch in self._token_batches(reps, requests):
             for rep, (score_lp, greedy_ok, last_lp, last_greedy) in zip(
-                    batch, self._score_batch([requests[i] for i in batch]), strict=True):
+                batch, self._score_batch([requests[i] for i in batch]), strict=True
+            ):
                 for m in members_of[rep]:
                     key, _, cont = requests[m]
                     n = len(cont)
                     # Positions before the last predict the same tokens for every member.
-                    prefix = float(score_lp[len(score_lp) - n:-1].sum()) if n > 1 else 0.0
-                    greedy = bool(greedy_ok[len(greedy_ok) - n:-1].all()) if n > 1 else True
+                    prefix = float(score_lp[len(score_lp) - n : -1].sum()) if n > 1 else 0.0
+                    greedy = bool(greedy_ok[len(greedy_ok) - n : -1].all()) if n > 1 else True
                     answer = (prefix + float(last_lp[cont[-1]]), greedy and last_greedy == cont[-1])
                     results[m] = answer
                     if key is not None:
@@ -250,12 +353,12 @@ class PretrainLM(TemplateLM):
         chunk_rows = self.score_chunk_rows
         inputs, spans = [], []
         for _, ctx, cont in batch:
-            inp = (ctx + cont)[-(self.max_length + 1):][:-1]
+            inp = (ctx + cont)[-(self.max_length + 1) :][:-1]
             inputs.append(inp)
             spans.append((len(inp) - len(cont), len(inp)))  # positions predicting cont
         padded = torch.zeros(len(inputs), max(len(x) for x in inputs), dtype=torch.long)
         for i, inp in enumerate(inputs):
-            padded[i, :len(inp)] = torch.tensor(inp, dtype=torch.long)
+            padded[i, : len(inp)] = torch.tensor(inp, dtype=torch.long)
         targets = torch.tensor([t for _, _, cont in batch for t in cont], dtype=torch.long)
         sizes = [b - a for a, b in spans]
         is_last = torch.zeros(len(targets), dtype=torch.bool)
@@ -267,32 +370,47 @@ class PretrainLM(TemplateLM):
         target_dev = targets.to(self.device)
         tok_lp, tok_greedy, last_rows = [], [], []
         for start in range(0, len(picked), chunk_rows):
-            lp = F.log_softmax(head(picked[start:start + chunk_rows]).float(), dim=-1)
-            tgt = target_dev[start:start + chunk_rows]
+            lp = F.log_softmax(head(picked[start : start + chunk_rows]).float(), dim=-1)
+            tgt = target_dev[start : start + chunk_rows]
             tok_lp.append(lp.gather(-1, tgt[:, None])[:, 0])
             tok_greedy.append(lp.argmax(-1) == tgt)
-            last_rows.append(lp[is_last[start:start + chunk_rows].to(self.device)])
+            last_rows.append(lp[is_last[start : start + chunk_rows].to(self.device)])
         tok_lp_all = torch.cat(tok_lp).double().cpu()
         greedy_all = torch.cat(tok_greedy).cpu()
         last = torch.cat(last_rows)
         last_argmax = last.argmax(-1).cpu()
         last = last.cpu()
-        return list(zip(tok_lp_all.split(sizes), greedy_all.split(sizes), last,
-                        last_argmax.tolist(), strict=True))
+        return list(
+            zip(
+                tok_lp_all.split(sizes),
+                greedy_all.split(sizes),
+                last,
+                last_argmax.tolist(),
+                strict=True,
+            )
+        )
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         windows: list[Request] = []
         counts = []
-        for (text,) in tqdm([r.args for r in requests], disable=disable_tqdm, desc="rolling windows"):
-            ws = [lm_utils.make_disjoint_window(w) for w in lm_utils.get_rolling_token_windows(
-                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1)]
+        for (text,) in tqdm(
+            [r.args for r in requests], disable=disable_tqdm, desc="rolling windows"
+        ):
+            ws = [
+                lm_utils.make_disjoint_window(w)
+                for w in lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
             windows.extend((None, ctx, cont) for ctx, cont in ws)
             counts.append(len(ws))
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
         out, i = [], 0
         for req, n in zip(requests, counts, strict=True):
-            total = sum(s for s, _ in scores[i:i + n])
+            total = sum(s for s, _ in scores[i : i + n])
             i += n
             out.append(total)
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
@@ -300,9 +418,12 @@ class PretrainLM(TemplateLM):
 
     # ------------------------------------------------------------------ generation
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        collator = Collator([r.args for r in requests],
-                            sort_fn=lambda a: (-len(self.tok_encode(a[0])), a[0]),
-                            group_by="gen_kwargs", group_fn=lambda a: a[1])
+        collator = Collator(
+            [r.args for r in requests],
+            sort_fn=lambda a: (-len(self.tok_encode(a[0])), a[0]),
+            group_by="gen_kwargs",
+            group_fn=lambda a: a[1],
+        )
         results: list[str] = []
         pbar = tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until requests")
         for chunk in collator.get_batched(n=self.batch_size):
@@ -314,8 +435,10 @@ class PretrainLM(TemplateLM):
             temperature = float(gen_kwargs.pop("temperature", 0.0)) if do_sample else 0.0
             budget = self.max_length - max_new
             if budget < 1:
-                raise ValueError(f"max_gen_toks={max_new} leaves no room for a prompt in "
-                                 f"max_length={self.max_length}")
+                raise ValueError(
+                    f"max_gen_toks={max_new} leaves no room for a prompt in "
+                    f"max_length={self.max_length}"
+                )
             prompts = [self.tok_encode(ctx)[-budget:] or [self.prefix_token_id] for ctx, _ in chunk]
             # Equal-length prompts share a forward; the chunk is sorted by length already.
             start = 0
@@ -323,8 +446,11 @@ class PretrainLM(TemplateLM):
                 end = start + 1
                 while end < len(prompts) and len(prompts[end]) == len(prompts[start]):
                     end += 1
-                for (ctx, _), text in zip(chunk[start:end], self._generate(
-                        prompts[start:end], max_new, until, temperature), strict=True):
+                for (ctx, _), text in zip(
+                    chunk[start:end],
+                    self._generate(prompts[start:end], max_new, until, temperature),
+                    strict=True,
+                ):
                     results.append(text)
                     self.cache_hook.add_partial("generate_until", (ctx, chunk[0][1]), text)
                     pbar.update(1)
@@ -333,8 +459,9 @@ class PretrainLM(TemplateLM):
         return collator.get_original(results)
 
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]], max_new: int, until: list[str],
-                  temperature: float) -> list[str]:
+    def _generate(
+        self, prompts: list[list[int]], max_new: int, until: list[str], temperature: float
+    ) -> list[str]:
         """Continue equal-length prompts until a stop string, end of document or max_new."""
         eod = self.tok.eod_id
         cfg = self.model.cfg
@@ -347,7 +474,7 @@ class PretrainLM(TemplateLM):
         done = [False] * B
         for _ in range(max_new):
             logits = logits.float()
-            logits[:, cfg.vocab_size:] = float("-inf")  # never the embedding's padding ids
+            logits[:, cfg.vocab_size :] = float("-inf")  # never the embedding's padding ids
             if temperature > 0:
                 nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1)
             else:
@@ -374,4 +501,10 @@ class PretrainLM(TemplateLM):
         return out
 
 
-__all__ = ["PretrainLM", "default_device", "load_checkpoint", "resolve_dtype"]
+__all__ = [
+    "ContinuationTooLong",
+    "PretrainLM",
+    "default_device",
+    "load_checkpoint",
+    "resolve_dtype",
+]

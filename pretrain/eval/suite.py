@@ -45,7 +45,8 @@ class EvalOutcome:
     results: dict[str, Any] | None = None  # the harness's results dict
     valid: dict[str, float] | None = None
     files: list[Path] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # task -> why it was not run
+    truncated: tuple[int, int] = (0, 0)  # (requests whose context was cut on the left, requests)
 
 
 def default_output_dir(weights_dir: Path) -> Path:
@@ -73,23 +74,47 @@ def _check_online_tasks(tasks: list[str]):
     if unknown:
         import difflib
 
-        hints = [f"{t!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(t, tm.all_tasks, 1)) else "")
-                 for t in unknown]
-        raise EvalError(f"unknown task {', '.join(hints)} for --tasks; `lm_eval ls tasks` lists them")
+        hints = [
+            f"{t!r}"
+            + (
+                f" (did you mean {m[0]!r}?)"
+                if (m := difflib.get_close_matches(t, tm.all_tasks, 1))
+                else ""
+            )
+            for t in unknown
+        ]
+        raise EvalError(
+            f"unknown task {', '.join(hints)} for --tasks; `lm_eval ls tasks` lists them"
+        )
     return tm
 
 
-def run_harness(model_args: dict[str, Any], tasks: list[str], *, data_dir: str | Path | None = None,
-                limit: int | float | None = None, num_fewshot: int | None = None,
-                skip_missing: bool = False, bootstrap_iters: int | None = None,
-                lm=None) -> tuple[dict[str, Any], list[str]]:
-    """Run `lm_eval.simple_evaluate` on our model. Returns (results, skipped tasks)."""
+NO_LOCAL_DATA = "no local data"
+
+
+def run_harness(
+    model_args: dict[str, Any],
+    tasks: list[str],
+    *,
+    data_dir: str | Path | None = None,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    skip_missing: bool = False,
+    bootstrap_iters: int | None = None,
+    lm=None,
+) -> tuple[dict[str, Any], dict[str, str], tuple[int, int]]:
+    """Run `lm_eval.simple_evaluate` on our model.
+
+    Returns (results, skipped tasks -> why, (truncated requests, requests)). With
+    `skip_missing`, tasks whose data files are missing, and tasks with continuations longer
+    than the model's context, are skipped; without it they stop the evaluation with one line.
+    """
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import pretrain.eval.harness  # noqa: F401  (registers the "pretrain" model name)
+    from pretrain.eval.harness import ContinuationTooLong, PretrainLM  # registers "pretrain"
 
-    skipped: list[str] = []
+    skipped: dict[str, str] = {}
     if data_dir is not None:
         data_dir = Path(data_dir)
         if not data_dir.is_dir():
@@ -97,15 +122,17 @@ def run_harness(model_args: dict[str, Any], tasks: list[str], *, data_dir: str |
         for task in tasks:
             if not (TASKS_DIR / f"{task}.yaml").is_file():
                 offline = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
-                raise EvalError(f"unknown task {task!r} for --tasks with --data-dir; tasks with "
-                                f"local data: {', '.join(offline)}")
+                raise EvalError(
+                    f"unknown task {task!r} for --tasks with --data-dir; tasks with "
+                    f"local data: {', '.join(offline)}"
+                )
             try:
                 find_source(task, data_dir)
             except EvalDataError as e:
                 if not skip_missing:
                     raise EvalError(f"{e} (or pass --skip-missing)") from None
                 log.warning("skipping %s: %s", task, e)
-                skipped.append(task)
+                skipped[task] = NO_LOCAL_DATA
         tasks = [t for t in tasks if t not in skipped]
         if not tasks:
             raise EvalError(f"no task of --tasks has data in {data_dir}")
@@ -114,19 +141,66 @@ def run_harness(model_args: dict[str, Any], tasks: list[str], *, data_dir: str |
     else:
         task_manager = _check_online_tasks(tasks)
         specs = list(tasks)
-    results = lm_eval.simple_evaluate(
-        model=lm if lm is not None else "pretrain",
-        model_args=None if lm is not None else model_args,
-        tasks=specs, num_fewshot=num_fewshot, limit=limit, task_manager=task_manager,
-        log_samples=False,
-        **({"bootstrap_iters": bootstrap_iters} if bootstrap_iters is not None else {}),
-    )
-    return results, skipped
+    own = lm is None
+    if own:  # built here rather than by name, so that a rerun without some tasks reuses it
+        lm = PretrainLM(**model_args)
+    names = [spec["task"] if isinstance(spec, dict) else spec for spec in specs]
+    while True:
+        try:
+            results = lm_eval.simple_evaluate(
+                model=lm,
+                model_args=model_args if own else None,
+                tasks=specs,
+                num_fewshot=num_fewshot,
+                limit=limit,
+                task_manager=task_manager,
+                log_samples=False,
+                **({"bootstrap_iters": bootstrap_iters} if bootstrap_iters is not None else {}),
+            )
+            break
+        except ContinuationTooLong as e:  # raised before any request is scored
+            bad = [t for t in e.tasks if t in names]
+            if not skip_missing or not bad or len(bad) < len(e.tasks):
+                hint = (
+                    f", or pass --skip-missing to skip {'them' if len(bad) > 1 else 'it'}"
+                    if bad
+                    else ""
+                )
+                raise EvalError(f"{e}{hint}") from None
+            for task in bad:
+                n, total, longest = e.tasks[task]
+                log.warning(
+                    "skipping %s: %d of its %d requests have continuations longer than "
+                    "max_length=%d tokens (the longest %d)",
+                    task,
+                    n,
+                    total,
+                    e.max_length,
+                    longest,
+                )
+                skipped[task] = f"continuations longer than the {e.max_length}-token context"
+            specs = [sp for sp, name in zip(specs, names, strict=True) if name not in bad]
+            names = [name for name in names if name not in bad]
+            if not specs:
+                raise EvalError(
+                    f"every task of --tasks has continuations longer than the model's "
+                    f"context (max_length={e.max_length}); nothing to evaluate"
+                ) from None
+    if own and results is not None:
+        results["config"]["model"] = "pretrain"  # as `lm_eval --model pretrain` would record it
+    truncated = (getattr(lm, "requests_truncated", 0), getattr(lm, "requests_scored", 0))
+    return results, skipped, truncated
 
 
-def evaluate_validation(weights_dir: Path, *, valid_data: list[str] | None = None,
-                        samples: int = 256, batch_size: int = 8, device: str | None = None,
-                        dtype: str = "auto") -> dict[str, float]:
+def evaluate_validation(
+    weights_dir: Path,
+    *,
+    valid_data: list[str] | None = None,
+    samples: int = 256,
+    batch_size: int = 8,
+    device: str | None = None,
+    dtype: str = "auto",
+) -> dict[str, float]:
     """Validation loss and bits per token/byte of the run's validation split (or `valid_data`)."""
     import torch
 
@@ -152,14 +226,24 @@ def evaluate_validation(weights_dir: Path, *, valid_data: list[str] | None = Non
     items = [valid[i] for i in range(n)]
     unit = "char" if tok.kind == "chars" else "byte"
     ratio = bytes_per_token(tok, [it["input_ids"] for it in items], unit=unit)
-    batches = ({k: torch.stack([it[k] for it in items[i:i + batch_size]]) for k in ("input_ids", "labels")}
-               for i in range(0, n, batch_size))
+    batches = (
+        {
+            k: torch.stack([it[k] for it in items[i : i + batch_size]])
+            for k in ("input_ids", "labels")
+        }
+        for i in range(0, n, batch_size)
+    )
     try:
-        out = evaluate_loss(model, batches, **({"chars_per_token": ratio} if unit == "char"
-                                               else {"bytes_per_token": ratio}))
+        out = evaluate_loss(
+            model,
+            batches,
+            **({"chars_per_token": ratio} if unit == "char" else {"bytes_per_token": ratio}),
+        )
     except ValueError as e:  # e.g. a split too small to hold one scored token
-        raise EvalError(f"validation data {data.valid}: {e}; prepare a larger validation split "
-                        f"(tools/prepare_data.py --valid-fraction) or pass --val-data") from None
+        raise EvalError(
+            f"validation data {data.valid}: {e}; prepare a larger validation split "
+            f"(tools/prepare_data.py --valid-fraction) or pass --val-data"
+        ) from None
     out[f"{unit}s_per_token"] = ratio
     out["samples"] = n
     out["seq_len"] = seq_len
@@ -167,8 +251,14 @@ def evaluate_validation(weights_dir: Path, *, valid_data: list[str] | None = Non
 
 
 def valid_table(valid: dict[str, float]) -> str:
-    cols = [("loss", "loss"), ("ppl", "ppl"), ("bits/token", "bits_per_token"),
-            ("bits/byte", "bits_per_byte"), ("bits/char", "bits_per_char"), ("tokens", "tokens")]
+    cols = [
+        ("loss", "loss"),
+        ("ppl", "ppl"),
+        ("bits/token", "bits_per_token"),
+        ("bits/byte", "bits_per_byte"),
+        ("bits/char", "bits_per_char"),
+        ("tokens", "tokens"),
+    ]
     cols = [(t, k) for t, k in cols if k in valid]
     row = [f"{valid[k]:.0f}" if k == "tokens" else fmt(valid[k]) for _, k in cols]
     return markdown_table([t for t, _ in cols], [row])
@@ -180,9 +270,12 @@ def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, d
 
     out = outcome.output_dir
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Evaluation of {label}", "",
-             f"- weights: `{outcome.weights_dir}`",
-             f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
+    lines = [
+        f"# Evaluation of {label}",
+        "",
+        f"- weights: `{outcome.weights_dir}`",
+        f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+    ]
     if outcome.results is not None:
         import lm_eval
 
@@ -190,14 +283,32 @@ def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, d
         atomic_write(path, json.dumps(outcome.results, indent=2, default=handle_non_serializable,
                                             ensure_ascii=False) + "\n")
         outcome.files.append(path)
-        lines += [f"- lm-eval-harness {lm_eval.__version__}, tasks: {', '.join(tasks)}",
-                  f"- task data: {'local files in ' + str(data_dir) if data_dir else 'Hugging Face hub'}"]
-        if outcome.skipped:
-            lines.append(f"- skipped (no local data): {', '.join(outcome.skipped)}")
+        lines += [
+            f"- lm-eval-harness {lm_eval.__version__}, tasks: {', '.join(tasks)}",
+            f"- task data: {'local files in ' + str(data_dir) if data_dir else 'Hugging Face hub'}",
+        ]
+        reasons: dict[str, list[str]] = {}
+        for task, why in outcome.skipped.items():
+            reasons.setdefault(why, []).append(task)
+        for why, names in reasons.items():
+            lines.append(f"- skipped ({why}): {', '.join(names)}")
+        cut, scored = outcome.truncated
+        if cut:
+            lines.append(
+                f"- {cut} of {scored} loglikelihood requests were longer than the model's "
+                f"context: their contexts were cut on the left, as lm-eval's hf backend does"
+            )
         if limit:
-            lines.append(f"- **--limit {limit}: a subset of each task; not comparable with published numbers**")
-        lines += ["", "Accuracy: acc_norm (length-normalized) for ARC, LogiQA, PIQA, SciQ; acc for "
-                  "the others. value (stderr).", "", paper_tables(outcome.results, label)]
+            lines.append(
+                f"- **--limit {limit}: a subset of each task; not comparable with published numbers**"
+            )
+        lines += [
+            "",
+            "Accuracy: acc_norm (length-normalized) for ARC, LogiQA, PIQA, SciQ; acc for "
+            "the others. value (stderr).",
+            "",
+            paper_tables(outcome.results, label),
+        ]
     if outcome.valid is not None:
         path = out / VALID_JSON
         atomic_write(path, json.dumps(outcome.valid, indent=2) + "\n")
@@ -208,12 +319,25 @@ def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, d
     outcome.files.append(path)
 
 
-def evaluate(run: str | Path, *, step: int | None = None, tasks: str = "paper",
-             limit: int | float | None = None, data_dir: str | Path | None = None,
-             output: str | Path | None = None, batch_size: int = 64, device: str | None = None,
-             dtype: str = "auto", num_fewshot: int | None = None, skip_missing: bool = False,
-             val: bool = False, val_data: list[str] | None = None, val_samples: int = 256,
-             max_length: int | None = None, bootstrap_iters: int | None = None) -> EvalOutcome:
+def evaluate(
+    run: str | Path,
+    *,
+    step: int | None = None,
+    tasks: str = "paper",
+    limit: int | float | None = None,
+    data_dir: str | Path | None = None,
+    output: str | Path | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    dtype: str = "auto",
+    num_fewshot: int | None = None,
+    skip_missing: bool = False,
+    val: bool = False,
+    val_data: list[str] | None = None,
+    val_samples: int = 256,
+    max_length: int | None = None,
+    bootstrap_iters: int | None = None,
+) -> EvalOutcome:
     """Evaluate one checkpoint; see tools/evaluate.py for the meaning of each argument."""
     try:
         wdir = find_weights_dir(run, step)
@@ -222,22 +346,51 @@ def evaluate(run: str | Path, *, step: int | None = None, tasks: str = "paper",
     task_list = [] if tasks.strip().lower() in ("", "none") else resolve_tasks(tasks)
     if not task_list and not val:
         raise EvalError("nothing to do: --tasks none without --val")
-    outcome = EvalOutcome(output_dir=Path(output) if output else default_output_dir(wdir), weights_dir=wdir)
+    outcome = EvalOutcome(
+        output_dir=Path(output) if output else default_output_dir(wdir), weights_dir=wdir
+    )
     if task_list:
-        model_args = {"path": str(wdir), "batch_size": batch_size, "dtype": dtype,
-                      **({"device": device} if device else {}),
-                      **({"max_length": max_length} if max_length else {})}
-        outcome.results, outcome.skipped = run_harness(
-            model_args, task_list, data_dir=data_dir, limit=limit, num_fewshot=num_fewshot,
-            skip_missing=skip_missing, bootstrap_iters=bootstrap_iters)
+        model_args = {
+            "path": str(wdir),
+            "batch_size": batch_size,
+            "dtype": dtype,
+            **({"device": device} if device else {}),
+            **({"max_length": max_length} if max_length else {}),
+        }
+        outcome.results, outcome.skipped, outcome.truncated = run_harness(
+            model_args,
+            task_list,
+            data_dir=data_dir,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            skip_missing=skip_missing,
+            bootstrap_iters=bootstrap_iters,
+        )
     if val:
-        outcome.valid = evaluate_validation(wdir, valid_data=val_data, samples=val_samples,
-                                            batch_size=min(batch_size, 16), device=device, dtype=dtype)
-    label = wdir.parent.parent.name + "@" + wdir.name if wdir.parent.name == CHECKPOINTS_DIR else wdir.name
+        outcome.valid = evaluate_validation(
+            wdir,
+            valid_data=val_data,
+            samples=val_samples,
+            batch_size=min(batch_size, 16),
+            device=device,
+            dtype=dtype,
+        )
+    label = (
+        wdir.parent.parent.name + "@" + wdir.name
+        if wdir.parent.name == CHECKPOINTS_DIR
+        else wdir.name
+    )
     evaluated = [t for t in task_list if t not in outcome.skipped]
     write_report(outcome, label=label, tasks=evaluated, limit=limit, data_dir=data_dir)
     return outcome
 
 
-__all__ = ["EvalError", "EvalOutcome", "default_output_dir", "evaluate", "evaluate_validation",
-           "run_harness", "write_report"]
+__all__ = [
+    "EvalError",
+    "EvalOutcome",
+    "default_output_dir",
+    "evaluate",
+    "evaluate_validation",
+    "run_harness",
+    "write_report",
+]

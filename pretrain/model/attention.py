@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,18 +18,28 @@ class KVCache:
     `pos` is the number of positions already cached; the model advances it after a forward.
     """
 
-    def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None,
-                 device=None, dtype=torch.float32):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch_size: int,
+        max_len: int | None = None,
+        device=None,
+        dtype=torch.float32,
+    ):
         self.max_len = max_len or cfg.max_seq_len
         shape = (batch_size, cfg.kv_heads, self.max_len, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
         self.pos = 0
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         start, end = self.pos, self.pos + k.shape[2]
         if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; asked for position {end - 1}")
+            raise ValueError(
+                f"KV cache holds {self.max_len} positions; asked for position {end - 1}"
+            )
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
@@ -42,20 +50,23 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         # One fused projection for q, k, v: [q heads | k heads | v heads].
-        self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim,
-                             bias=cfg.attn_bias)
+        self.qkv = nn.Linear(
+            cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=cfg.attn_bias
+        )
         self.proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.attn_bias)
         # QK-Norm over head_dim: one weight of size head_dim for q and one for k, shared by
         # all heads, so it is the same with any number of kv heads (GQA-safe).
-        self.q_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps, cfg.norm_bias) if cfg.qk_norm else None
-        self.k_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps, cfg.norm_bias) if cfg.qk_norm else None
+        self.q_norm = (
+            make_norm(cfg.norm, self.head_dim, cfg.norm_eps, cfg.norm_bias) if cfg.qk_norm else None
+        )
+        self.k_norm = (
+            make_norm(cfg.norm, self.head_dim, cfg.norm_eps, cfg.norm_bias) if cfg.qk_norm else None
+        )
         self.dropout = cfg.dropout
-        # Stability monitoring: when set, the next forward records max |q.k| / sqrt(d).
-        self.record_max_logit = False
-        self.max_logit: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q (B, H, T, D), k and v (B, KV, T, D) of the input x (B, T, d_model): projected,
+        QK-Normed and rotated, as the attention uses them."""
         B, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.qkv(x).split([H * D, KV * D, KV * D], dim=-1)
@@ -64,14 +75,24 @@ class Attention(nn.Module):
         v = v.view(B, T, KV, D).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.heads(x, cos, sin)
 
         start = 0
         if kv_cache is not None:
             start = kv_cache.pos
             k, v = kv_cache.update(layer, k, v)
-        if self.record_max_logit:
-            self.max_logit = _max_attention_logit(q, k, start)
 
         # SDPA's is_causal aligns the mask top-left; with cached keys the queries sit at the
         # bottom-right, so past the first chunk we pass the mask ourselves.
@@ -81,21 +102,13 @@ class Attention(nn.Module):
             if T > 1:
                 mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
             enable_gqa=KV != H,
         )
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.proj(y)
-
-
-@torch.no_grad()
-def _max_attention_logit(q: torch.Tensor, k: torch.Tensor, start: int) -> torch.Tensor:
-    """Largest |q.k| / sqrt(d) over the causal positions (materialises the scores)."""
-    H, KV = q.shape[1], k.shape[1]
-    if KV != H:
-        k = k.repeat_interleave(H // KV, dim=1)
-    s = (q.float() @ k.float().transpose(-1, -2)).abs() / math.sqrt(q.shape[-1])
-    T, S = s.shape[-2:]
-    keep = torch.ones(T, S, dtype=torch.bool, device=s.device).tril(start)
-    return s.masked_fill(~keep, 0).amax()

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pretrain.config import ModelConfig
 from pretrain.model.attention import Attention, KVCache
+from pretrain.model.loss import linear_cross_entropy
 from pretrain.model.norm import make_norm
 from pretrain.model.rope import RotaryEmbedding
 
@@ -74,7 +75,9 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        self.gradient_checkpointing = False  # recompute blocks in backward (saves memory)
+        # Recompute blocks in the backward to save memory: False/0 none, True all, or an int N
+        # = the first N blocks (pretrain/model/checkpointing.py).
+        self.gradient_checkpointing: bool | int = False
         self.reset_parameters()
 
     # ------------------------------------------------------------------ initialisation
@@ -106,7 +109,9 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
 
     # ------------------------------------------------------------------ forward
-    def hidden_states(self, input_ids: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids: torch.Tensor, kv_cache: KVCache | None = None
+    ) -> torch.Tensor:
         """Final normed hidden states (B, T, d_model), before the output layer.
 
         Scoring a few positions of long inputs (evaluation) applies `lm_head` to those alone
@@ -119,8 +124,9 @@ class Transformer(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=input_ids.device))
         x = self.drop(x)
+        recompute = self.checkpointed_layers() if self.training and kv_cache is None else 0
         for i, block in enumerate(self.blocks):
-            if self.gradient_checkpointing and self.training and kv_cache is None:
+            if i < recompute:
                 x = checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin, kv_cache, i)
@@ -128,30 +134,51 @@ class Transformer(nn.Module):
             kv_cache.pos += T
         return self.norm_f(x)
 
-    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+    def checkpointed_layers(self) -> int:
+        """How many blocks (the first ones) recompute their activations in the backward."""
+        n, g = len(self.blocks), self.gradient_checkpointing
+        if isinstance(g, bool):
+            return n if g else 0
+        return max(0, min(int(g), n))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """Logits (B, T, padded_vocab) or, with `targets`, the mean cross-entropy (fp32).
 
         Targets equal to -100 are ignored. With a `kv_cache`, input_ids continue the cached
-        sequence at position kv_cache.pos, and the cache advances.
+        sequence at position kv_cache.pos, and the cache advances. The loss never holds the
+        logits of the whole batch: the output layer and cross-entropy run a chunk of tokens
+        at a time (pretrain/model/loss.py), with the same result as
+        `F.cross_entropy(logits.float(), targets, ignore_index=-100)`.
         """
-        logits = self.lm_head(self.hidden_states(input_ids, kv_cache))
+        hidden = self.hidden_states(input_ids, kv_cache)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=IGNORE_INDEX)
+            return self.lm_head(hidden)
+        return linear_cross_entropy(hidden, self.lm_head.weight, targets, IGNORE_INDEX)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Sample continuations with a KV cache. temperature 0 = greedy. Returns prompt + new."""
         B, T = input_ids.shape
         total = T + max_new_tokens
         if total > self.cfg.max_seq_len:
-            raise ValueError(f"prompt {T} + max_new_tokens {max_new_tokens} exceeds "
-                             f"model.max_seq_len={self.cfg.max_seq_len}")
+            raise ValueError(
+                f"prompt {T} + max_new_tokens {max_new_tokens} exceeds "
+                f"model.max_seq_len={self.cfg.max_seq_len}"
+            )
         was_training = self.training
         self.eval()
         p = next(self.parameters())
@@ -161,7 +188,7 @@ class Transformer(nn.Module):
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         for _ in range(max_new_tokens):
             logits = logits.float()
-            logits[:, self.cfg.vocab_size:] = float("-inf")  # never sample padding ids
+            logits[:, self.cfg.vocab_size :] = float("-inf")  # never sample padding ids
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -215,11 +242,3 @@ class Transformer(nn.Module):
         T = seq_len or c.max_seq_len
         return 6 * self.matmul_params() + 12 * c.n_layers * c.n_heads * c.head_dim * T
 
-    def set_record_max_logit(self, on: bool) -> None:
-        for block in self.blocks:
-            block.attn.record_max_logit = on
-
-    def max_attention_logits(self) -> list[float]:
-        """Per layer, max |q.k|/sqrt(d) of the last forward run with recording on."""
-        return [float(b.attn.max_logit) if b.attn.max_logit is not None else float("nan")
-                for b in self.blocks]

@@ -187,7 +187,7 @@ def find_resume_tag(ckpt_dir: Path, verify: str = "checksum", rank: int = 0,
 
 
 def read_state(folder: Path) -> dict[str, Any]:
-    """trainer_state.json of a complete checkpoint folder."""
+    """The marker (run_layout.STATE_FILE) of a complete checkpoint folder."""
     return json.loads((Path(folder) / STATE_FILE).read_text())
 
 

@@ -85,7 +85,9 @@ def build_engine(cfg: Config, world_size: int, device: torch.device):
     torch.manual_seed(t.seed)
     with torch.device(device):
         model = Transformer(cfg.model)
-    model.gradient_checkpointing = t.activation_checkpointing
+    from pretrain.plan import resolve_activation_checkpointing  # the planner decides "auto"
+
+    model.gradient_checkpointing = resolve_activation_checkpointing(cfg, world_size, device)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=param_groups(model, cfg),

@@ -1,25 +1,11 @@
 """The largest attention logit (q.k / sqrt(d)) per layer: the quantity that runs away before
-NoPE's loss spikes, and that QK-Norm keeps bounded."""
+NoPE's loss spikes, and that QK-Norm keeps bounded. Computed on demand by forward hooks
+(pretrain.model.probes), blockwise: the model keeps no monitoring state."""
 
 from __future__ import annotations
 
-import torch
-
+from pretrain.model.probes import max_attention_logits
 from pretrain.train.callbacks.base import Callback, StepOutput
-
-
-@torch.no_grad()
-def max_attention_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> list[float]:
-    """One eval-mode forward of `input_ids`; the largest pre-softmax logit of each layer."""
-    was = model.training
-    model.eval()
-    model.set_record_max_logit(True)
-    try:
-        model(input_ids)
-        return model.max_attention_logits()
-    finally:
-        model.set_record_max_logit(False)
-        model.train(was)
 
 
 class MaxLogitMonitor(Callback):

@@ -1,0 +1,184 @@
+"""Command lines of tools/export_hf.py and tools/import_hf.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+EXPORT_DOC = """Export a checkpoint to a Hugging Face folder that transformers loads.
+
+    python tools/export_hf.py --run runs/pythia1b_rope10 --out exports/pythia1b_rope10 --check
+    python -c "from transformers import AutoModelForCausalLM as M; \\
+               M.from_pretrained('exports/pythia1b_rope10', trust_remote_code=True)"
+
+Every model the toolkit trains exports. The target is the native transformers class when
+it holds the model exactly (LlamaForCausalLM: sequential RMSNorm SwiGLU with full RoPE;
+GPTNeoXForCausalLM: LayerNorm GeLU MHA with full or partial RoPE), and otherwise RopeLM,
+a self-contained remote-code model written into the folder (partial RoPE or NoPE on
+Llama, the paper's Pythia with RMSNorm and SwiGLU, QK-Norm, learned positions): load it
+with trust_remote_code=True. The folder also gets the tokenizer (when it has an exact
+Hugging Face form), generation_config.json, and a README.md model card with the run's
+training tokens and evaluation results. --check loads the folder with transformers and
+compares logits with the toolkit's model.
+"""
+
+IMPORT_DOC = """Import a Hugging Face folder back into a toolkit weights folder.
+
+    python tools/import_hf.py --hf exports/pythia1b_rope10 --out runs/imported/pythia1b_rope10
+    python tools/evaluate.py --run runs/imported/pythia1b_rope10 --tasks piqa
+
+Reads folders written by tools/export_hf.py (exactly: same weights, same config, same
+tokenizer) and native Llama / GPT-NeoX folders (e.g. EleutherAI's Pythia). No code from
+the folder is run. Writes the weights, the run config and tokenizer/ (when the folder
+has a tokenizer.json), what evaluation and export read.
+"""
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    from pretrain.hf.check import DEFAULT_TOLERANCE
+    from pretrain.hf.convert import TARGETS
+
+    p = argparse.ArgumentParser(
+        prog="export_hf.py",
+        description=EXPORT_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--run",
+        required=True,
+        help="run folder (runs/NAME: its newest checkpoint), a checkpoint folder, or a weights folder",
+    )
+    p.add_argument(
+        "--step", type=int, default=None, help="export this step's checkpoint instead of the newest"
+    )
+    p.add_argument("--out", required=True, help="output folder (new, empty, or an earlier export)")
+    p.add_argument(
+        "--target",
+        choices=("auto", *TARGETS),
+        default="auto",
+        help="auto (default): the native class when it holds the model exactly, else rope_lm "
+        "(remote code); llama / gpt_neox / rope_lm force one",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="dtype of the written weights (default float32)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="largest safetensors file; bigger models are sharded (default 5GB)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer spec to include instead of the checkpoint's tokenizer/ folder "
+        "(tokenizer.json, 'bytes', 'chars:vocab.json')",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="load the export with transformers and compare logits with the toolkit's model",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"--check fails above this max |logit difference| (default {DEFAULT_TOLERANCE:g})",
+    )
+    p.add_argument("--check-device", default="cpu", help="device of --check (default cpu)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    import torch
+
+    from pretrain.config import ConfigError
+    from pretrain.data.tokenizer import TokenizerError, load_tokenizer
+    from pretrain.hf.card import run_info, write_card
+    from pretrain.hf.check import check_parity
+    from pretrain.hf.convert import HFConversionError
+    from pretrain.hf.folder import export_hf
+    from pretrain.model.weights import find_weights_dir, load_weights
+
+    try:
+        wdir = find_weights_dir(args.run, args.step)
+        model, _ = load_weights(wdir)
+        tok = None
+        if args.tokenizer:
+            tok = load_tokenizer(args.tokenizer)
+        elif (wdir / "tokenizer").is_dir():
+            tok = load_tokenizer(wdir / "tokenizer")
+        info = run_info(wdir)
+        export = export_hf(
+            model,
+            args.out,
+            args.target,
+            getattr(torch, args.dtype),
+            tokenizer=tok,
+            max_shard_size=args.max_shard_size,
+            run=info,
+            provenance={"source": str(wdir.resolve()), "step": info.step},
+        )
+    except (ConfigError, HFConversionError, TokenizerError) as e:
+        return _fail(str(e))
+    kind = "remote code, load with trust_remote_code=True" if export.remote_code else "native"
+    print(f"exported {wdir} as {export.class_name} ({kind}) to {export.path}")
+    if export.tokenizer_note:
+        print(f"note: no tokenizer in the export: {export.tokenizer_note}")
+    if not args.check:
+        return 0
+    report = check_parity(model, export.path, tolerance=args.tolerance, device=args.check_device)
+    info.parity = report
+    write_card(export, model, tok, info)
+    print(
+        f"check: max |logit diff| {report['max_logit_diff']:.3g} (full forward), "
+        f"{report['max_cached_diff']:.3g} (with the KV cache); greedy {report['greedy_tokens']} tokens "
+        f"{'identical' if report['greedy_identical'] else 'DIFFERENT'}; tolerance {args.tolerance:g}"
+    )
+    if not report["ok"]:
+        return _fail(f"the export differs from the toolkit's model by more than {args.tolerance:g}")
+    return 0
+
+
+def import_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="import_hf.py",
+        description=IMPORT_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--hf", required=True, help="Hugging Face model folder (config.json + safetensors)"
+    )
+    p.add_argument("--out", required=True, help="weights folder to write")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    from pretrain.config import ConfigError
+    from pretrain.data.tokenizer import TokenizerError
+    from pretrain.hf.convert import HFConversionError
+    from pretrain.hf.folder import read_hf_folder
+    from pretrain.model.weights import save_weights
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        return _fail(f"{out} exists and is not an empty folder; choose a new one")
+    try:
+        model, tok, _ = read_hf_folder(args.hf)
+    except (ConfigError, HFConversionError, TokenizerError) as e:
+        return _fail(str(e))
+    save_weights(model, out)
+    if tok is not None:
+        tok.save(out / "tokenizer")
+    print(
+        f"imported {args.hf} ({model.cfg.n_layers} layers, {model.num_params():,} parameters) to {out}"
+        + ("" if tok is not None else " (no tokenizer.json in the folder: no tokenizer/)")
+    )
+    return 0

@@ -1,0 +1,100 @@
+"""Configuration of RopeLM, the decoder-only transformer trained by the `pretrain` toolkit.
+
+This file is copied into every exported model folder that needs it and is loaded by
+`AutoConfig.from_pretrained(folder, trust_remote_code=True)`. It imports only transformers.
+
+One config describes Llama-style and Pythia-style models and everything between:
+
+    block        "sequential": x + attn(norm1(x)), then + mlp(norm2(.))   (Llama)
+                 "parallel":   x + attn(norm1(x)) + mlp(norm2(x))          (GPT-J / Pythia)
+    norm         "rmsnorm" or "layernorm" (norm_bias: LayerNorm with a bias)
+    mlp          "swiglu" (down(silu(gate(x)) * up(x))) or "gelu" (down(gelu(up(x))))
+    rotary_dims  RoPE on the first `rotary_dims` dims of each head (0 = NoPE), base rope_theta
+    qk_norm      normalize each head's query and key over head_dim, before RoPE
+    learned_pos_emb  learned absolute positions added to the token embeddings
+"""
+
+from transformers import PretrainedConfig
+
+
+class RopeLMConfig(PretrainedConfig):
+    model_type = "rope_lm"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 50304,
+        hidden_size: int = 2048,
+        intermediate_size: int = 8192,
+        num_hidden_layers: int = 16,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        max_position_embeddings: int = 2048,
+        block: str = "sequential",
+        norm: str = "rmsnorm",
+        norm_eps: float = 1e-5,
+        norm_bias: bool = False,
+        mlp: str = "swiglu",
+        mlp_bias: bool = False,
+        attention_bias: bool = False,
+        rotary_dims: int | None = None,
+        rope_theta: float = 10000.0,
+        learned_pos_emb: bool = False,
+        qk_norm: bool = False,
+        dropout: float = 0.0,
+        initializer_range: float = 0.02,
+        tie_word_embeddings: bool = False,
+        use_cache: bool = True,
+        **kwargs,
+    ):
+        if hidden_size % num_attention_heads:
+            raise ValueError(
+                f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}"
+            )
+        num_key_value_heads = num_key_value_heads or num_attention_heads
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {num_attention_heads} is not divisible by num_key_value_heads {num_key_value_heads}"
+            )
+        if head_dim not in (None, hidden_size // num_attention_heads):
+            raise ValueError(f"head_dim {head_dim} must be hidden_size / num_attention_heads")
+        head_dim = hidden_size // num_attention_heads
+        rotary_dims = head_dim if rotary_dims is None else rotary_dims
+        if not (0 <= rotary_dims <= head_dim and rotary_dims % 2 == 0):
+            raise ValueError(
+                f"rotary_dims {rotary_dims} must be even and in [0, head_dim={head_dim}]"
+            )
+        for name, value, allowed in (
+            ("block", block, ("sequential", "parallel")),
+            ("norm", norm, ("rmsnorm", "layernorm")),
+            ("mlp", mlp, ("swiglu", "gelu")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r}; use one of {allowed}")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.block = block
+        self.norm = norm
+        self.norm_eps = norm_eps
+        self.norm_bias = norm_bias
+        self.mlp = mlp
+        self.mlp_bias = mlp_bias
+        self.attention_bias = attention_bias
+        self.rotary_dims = rotary_dims
+        self.rope_theta = float(rope_theta)
+        self.learned_pos_emb = learned_pos_emb
+        self.qk_norm = qk_norm
+        self.dropout = dropout
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+__all__ = ["RopeLMConfig"]

@@ -1,0 +1,309 @@
+"""RopeLM: the decoder-only transformer trained by the `pretrain` toolkit, for transformers.
+
+This file is copied into every exported model folder that needs it and is loaded by
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`. It imports only
+torch and transformers, and computes exactly what the toolkit's model computes:
+
+    x = embed_tokens(ids) (+ embed_positions(positions) with learned_pos_emb)
+    each layer, sequential:  x = x + attn(norm1(x));  x = x + mlp(norm2(x))
+                or parallel: x = x + attn(norm1(x)) + mlp(norm2(x))
+    logits = lm_head(norm(x))        (lm_head tied to embed_tokens with tie_word_embeddings)
+
+attn: q, k, v projections; grouped-query when num_key_value_heads < num_attention_heads
+(query head h reads key/value head h // (heads / kv_heads)); optional QK-Norm of each head
+over head_dim (one weight for q and one for k, shared by heads); then RoPE on the first
+`rotary_dims` dims of each head, GPT-NeoX "rotate_half" convention, inverse frequencies
+theta^(-2i/rotary_dims), cos/sin and the rotation in fp32; causal softmax attention (SDPA).
+RMSNorm normalizes in fp32 and casts back before the weight, as Llama does.
+
+The vocabulary is padded (vocab_size is the embedding's row count); generation_config.json
+suppresses the padded ids. Keys and values are cached after RoPE through transformers'
+Cache classes (DynamicCache by default), so `generate()` works as for any causal LM.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from .configuration_rope_lm import RopeLMConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def make_norm(config: RopeLMConfig, dim: int) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(dim, config.norm_eps)
+    return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, rotary_dims: int, theta: float):
+    """cos, sin of shape (B, 1, T, rotary_dims), fp32, for positions (B, T)."""
+    i = torch.arange(0, rotary_dims, 2, dtype=torch.float64)  # inverse frequencies in fp64
+    inv_freq = (1.0 / theta ** (i / rotary_dims)).to(position_ids.device, torch.float32)
+    freqs = position_ids[..., None].float() * inv_freq  # (B, T, rotary_dims / 2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of x (B, H, T, head_dim) in fp32; the rest pass."""
+    r = cos.shape[-1]
+    if r == 0:
+        return x
+    x_rot = x[..., :r].float()
+    out = (x_rot * cos + rotate_half(x_rot) * sin).to(x.dtype)
+    return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+class RopeLMAttention(nn.Module):
+    def __init__(self, config: RopeLMConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        d, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.dropout = config.dropout
+
+    def forward(self, x, cos, sin, padding_mask, past_key_values: Cache | None = None):
+        B, T, _ = x.shape
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, KV, D).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, KV, D).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if past_key_values is not None:
+            past = past_key_values.get_seq_length(self.layer_idx)
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        if KV != H:
+            k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        mask, is_causal = causal_mask(padding_mask, past, T, k.shape[2], x.device)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+
+
+class RopeLMMLP(nn.Module):
+    def __init__(self, config: RopeLMConfig):
+        super().__init__()
+        d, ff, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(d, ff, bias=bias) if config.mlp == "swiglu" else None
+        self.up_proj = nn.Linear(d, ff, bias=bias)
+        self.down_proj = nn.Linear(ff, d, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is not None:  # SwiGLU
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+class RopeLMBlock(GradientCheckpointingLayer):  # model.gradient_checkpointing_enable() works
+    def __init__(self, config: RopeLMConfig, layer_idx: int):
+        super().__init__()
+        self.parallel = config.block == "parallel"
+        self.input_layernorm = make_norm(config, config.hidden_size)
+        self.self_attn = RopeLMAttention(config, layer_idx)
+        self.post_attention_layernorm = make_norm(config, config.hidden_size)
+        self.mlp = RopeLMMLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, padding_mask, past_key_values=None):
+        a = self.drop(
+            self.self_attn(self.input_layernorm(x), cos, sin, padding_mask, past_key_values)
+        )
+        if self.parallel:
+            return x + a + self.drop(self.mlp(self.post_attention_layernorm(x)))
+        x = x + a
+        return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
+
+
+def causal_mask(padding_mask, past: int, T: int, kv_len: int, device):
+    """(attn_mask, is_causal) for SDPA: its own causal mask when that is right (no cache,
+    no padding), no mask for one new token, else a boolean (B or 1, 1, T, kv_len) mask, True =
+    attend.
+
+    The T queries are cache slots past .. past+T-1 and see the slots up to their own;
+    padding_mask (B, >= past+T), 0 = padding, hides padded slots (a 4D mask is used as is). A padding query that would
+    see nothing sees everything instead: its output is never used, and this keeps NaNs out.
+    """
+    if padding_mask is not None and padding_mask.ndim == 4:
+        return padding_mask, False  # a ready mask (generate() builds one for static caches)
+    if padding_mask is None and kv_len == past + T:
+        if T == 1:
+            return None, False
+        if past == 0:
+            return None, True
+    q_slot = torch.arange(past, past + T, device=device)
+    mask = (torch.arange(kv_len, device=device)[None, :] <= q_slot[:, None])[None, None]
+    if padding_mask is not None:
+        keep = padding_mask.bool()
+        if keep.shape[-1] < kv_len:
+            keep = F.pad(keep, (0, kv_len - keep.shape[-1]))
+        mask = mask & keep[:, None, None, :kv_len]
+        mask = mask | ~mask.any(-1, keepdim=True)
+    return mask, False
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class RopeLMPreTrainedModel(PreTrainedModel):
+    config_class = RopeLMConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["RopeLMBlock"]
+    supports_gradient_checkpointing = True
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+
+
+class RopeLMModel(RopeLMPreTrainedModel):
+    def __init__(self, config: RopeLMConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.learned_pos_emb
+            else None
+        )
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(RopeLMBlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm = make_norm(config, config.hidden_size)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = x.shape[:2]
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        padded = attention_mask is not None and attention_mask.ndim == 2
+        if padded and bool(attention_mask.all()):
+            attention_mask, padded = None, False  # no padding: plain causal attention
+        if position_ids is None and padded:  # count only real tokens
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+        elif position_ids is None:
+            position_ids = torch.arange(past, past + T, device=x.device)[None].expand(B, T)
+        if self.embed_positions is not None:
+            if int(position_ids.max()) >= self.config.max_position_embeddings:
+                raise ValueError(
+                    f"position {int(position_ids.max())} is past the {self.config.max_position_embeddings} "
+                    f"learned positions of this model"
+                )
+            x = x + self.embed_positions(position_ids)
+        x = self.drop(x)
+        cos, sin = rotary_cos_sin(position_ids, self.config.rotary_dims, self.config.rope_theta)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attention_mask, past_key_values=past_key_values)
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm(x), past_key_values=past_key_values
+        )
+
+
+class RopeLMForCausalLM(RopeLMPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: RopeLMConfig):
+        super().__init__(config)
+        self.model = RopeLMModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits (B, T, vocab_size); with labels (= input_ids, shifted inside, -100 ignored)
+        also the mean cross-entropy in fp32."""
+        out = self.model(
+            input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache
+        )
+        h = out.last_hidden_state
+        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                labels[:, 1:].reshape(-1).to(logits.device),
+                ignore_index=-100,
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+
+
+__all__ = ["RopeLMForCausalLM", "RopeLMModel", "RopeLMPreTrainedModel"]

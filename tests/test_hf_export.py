@@ -1,0 +1,523 @@
+"""Hugging Face export of every model family in configs/, checked against transformers.
+
+Each family (configs that share an architecture: block, norm, MLP, GQA, full / partial / no
+RoPE, QK-Norm, learned positions, tying) is shrunk to 2 layers of width 64 with the
+config's own vocabulary and tokenizer, given random weights (norms and biases too), and
+exported. One child process that cannot import `pretrain` (python -S, only the
+site-packages of torch and transformers on its path) loads every folder with
+AutoModelForCausalLM (trust_remote_code=True) and AutoTokenizer, and returns logits,
+32 greedy tokens and token ids; those are compared here with the toolkit's model. The
+folders are then imported back (bit-exact), and lm-eval's `hf` model scores requests as
+the toolkit's own harness does.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, shared_path
+
+from pretrain.config import ModelConfig, load_model_config
+from pretrain.data.tokenizer import ByteTokenizer, CharTokenizer, load_tokenizer
+from pretrain.hf import HFConversionError, choose_target, export_hf, hf_config, read_hf_folder
+from pretrain.hf.convert import CLASS_NAMES, REMOTE
+from pretrain.hf.folder import REMOTE_CODE_DIR, REMOTE_FILES, shard_plan
+from pretrain.model import Transformer
+from pretrain.model.weights import load_weights, save_weights
+
+CONFIG_FILES = sorted((REPO / "configs").rglob("*.yaml"))
+GEN_TOKENS = 32
+PROMPT_LEN = 16
+TEXT = "Hello world! The 2 quick brown foxes jumped over 13 lazy dogs.\n  def f(x): return x ** 2\n"
+
+
+def family(cfg: ModelConfig) -> str:
+    """A readable name for the architecture of `cfg` (what a family of configs shares)."""
+    rope = (
+        "nope"
+        if cfg.rope_dims == 0
+        else "full_rope"
+        if cfg.rope_dims == cfg.head_dim
+        else "partial_rope"
+    )
+    parts = [cfg.block, cfg.norm, cfg.mlp, "gqa" if cfg.kv_heads < cfg.n_heads else "mha", rope]
+    parts += [
+        name
+        for name, on in (
+            ("qknorm", cfg.qk_norm),
+            ("learned_pos", cfg.learned_pos_emb),
+            ("tied", cfg.tie_embeddings),
+        )
+        if on
+    ]
+    return "-".join(parts)
+
+
+def shrink(cfg: ModelConfig) -> ModelConfig:
+    """2 layers, head_dim 16, the same ratios of heads, rotary dims and everything else."""
+    heads = min(cfg.n_heads, 4)
+    kv = heads if cfg.kv_heads == cfg.n_heads else max(1, heads * cfg.kv_heads // cfg.n_heads)
+    hd, r = 16, cfg.rope_dims
+    rotary = (
+        hd
+        if r == cfg.head_dim
+        else 0
+        if r == 0
+        else min(hd - 2, max(2, 2 * round(r / cfg.head_dim * hd / 2)))
+    )
+    return dataclasses.replace(
+        cfg,
+        n_layers=2,
+        d_model=heads * hd,
+        n_heads=heads,
+        n_kv_heads=None if kv == heads else kv,
+        d_ff=96,
+        max_seq_len=min(cfg.max_seq_len, 64),
+        rope_fraction=None,
+        rotary_dims=rotary,
+    )
+
+
+def random_model(cfg: ModelConfig, seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@functools.cache
+def _neox_tokenizer():
+    return load_tokenizer(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json"))
+
+
+def tokenizer_for(cfg: ModelConfig):
+    """The tokenizer a config's runs use: GPT-NeoX (paper), bytes (quickstart), characters."""
+    if cfg.vocab_size == 50277:
+        return _neox_tokenizer()
+    if cfg.vocab_size == 257:
+        return ByteTokenizer()
+    if cfg.vocab_size == 65:
+        return CharTokenizer.from_text(shared_path("tinyshakespeare.txt").read_text())
+    chars = sorted(set(TEXT))  # enwik8-sized character vocabulary: the text's, then CJK
+    return CharTokenizer(chars + [chr(0x4E00 + i) for i in range(cfg.vocab_size - len(chars))])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run faster on one thread than on two contended ones."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+FAMILIES: dict[str, list[Path]] = {}
+for _path in CONFIG_FILES:
+    FAMILIES.setdefault(family(load_model_config(_path)), []).append(_path)
+
+
+# ----------------------------------------------------------------------------- every config
+
+
+def test_every_config_in_configs_exports():
+    """Every config (paper, char, presets, quickstart) picks an exact target and gets a config."""
+    counts: dict[str, int] = {}
+    for path in CONFIG_FILES:
+        cfg = load_model_config(path)
+        target = choose_target(cfg)
+        assert hf_config(cfg).model_type == target
+        counts[target] = counts.get(target, 0) + 1
+        native = target != REMOTE
+        # the native class exactly when it holds the model: full RoPE Llama, LayerNorm/GeLU NeoX
+        assert native == (
+            not cfg.qk_norm
+            and not cfg.learned_pos_emb
+            and (
+                (cfg.norm, cfg.mlp, cfg.block, cfg.rope_dims)
+                == ("rmsnorm", "swiglu", "sequential", cfg.head_dim)
+                or (cfg.norm, cfg.mlp, cfg.kv_heads) == ("layernorm", "gelu", cfg.n_heads)
+                and cfg.rope_dims > 0
+            )
+        ), path
+    # every config exports (76 today: 8 Llama, 3 GPT-NeoX, 65 RopeLM; docs/model.md)
+    assert len(CONFIG_FILES) >= 70 and sum(counts.values()) == len(CONFIG_FILES)
+    assert set(counts) == {"llama", "gpt_neox", REMOTE}
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(REPO / "configs")))
+def test_every_config_shrunk_round_trips_exactly(path):
+    """Each config shrunk: the converted state dict goes back bit for bit."""
+    from pretrain.hf.convert import from_hf_state_dict, to_hf_state_dict
+
+    cfg = shrink(load_model_config(path))
+    cfg = dataclasses.replace(cfg, vocab_size=100, pad_vocab_to_multiple=64)
+    model = random_model(cfg, 0)
+    target = choose_target(cfg)
+    back = from_hf_state_dict(
+        {k: v.clone() for k, v in to_hf_state_dict(model.state_dict(), cfg).items()}, cfg, target
+    )
+    ours = {
+        k: v
+        for k, v in model.state_dict().items()
+        if not (cfg.tie_embeddings and k == "lm_head.weight")
+    }
+    assert back.keys() == ours.keys()
+    assert all(torch.equal(back[k], ours[k]) for k in ours)
+
+
+def test_llama8b_is_written_in_shards():
+    """The 8B preset in bf16 is 16.5 GB: four files of at most 5 GB (planned on meta)."""
+    from pretrain.hf.convert import to_hf_state_dict
+
+    cfg = load_model_config(REPO / "configs/models/llama8b.yaml")
+    with torch.device("meta"):
+        state = to_hf_state_dict(Transformer(cfg).state_dict(), cfg)
+    sizes = {k: v.numel() * 2 for k, v in state.items()}
+    plan = shard_plan(sizes, 5 * 10**9)
+    assert len(plan) == 4 and sum(len(s) for s in plan) == len(state)
+    assert all(sum(sizes[k] for k in s) <= 5 * 10**9 for s in plan)
+
+
+# ----------------------------------------------------------------------------- families
+
+CHILD = r"""
+import importlib.util, json, sys
+assert importlib.util.find_spec("pretrain") is None, "the child can import pretrain: " + repr(sys.path)
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+job = json.load(open(sys.argv[1]))
+out = {}
+for name, j in job.items():
+    model = AutoModelForCausalLM.from_pretrained(j["folder"], trust_remote_code=True, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(j["folder"])
+    ids = torch.tensor(j["ids"])
+    prompt = ids[:, :j["prompt_len"]]
+    with torch.no_grad():
+        logits = model(ids).logits
+        gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=j["gen"],
+                             do_sample=False, eos_token_id=None)
+    out[name] = {"logits": logits, "generated": gen, "encoded": tok(j["text"], add_special_tokens=False).input_ids,
+                 "module": type(model).__module__, "class": type(model).__name__, "eos": tok.eos_token_id}
+torch.save(out, sys.argv[2])
+"""
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """name -> (model, tokenizer, export) for one shrunk config of each family."""
+    root = tmp_path_factory.mktemp("hf_families")
+    out = {}
+    for i, (name, paths) in enumerate(sorted(FAMILIES.items())):
+        cfg = shrink(load_model_config(paths[0]))
+        model = random_model(cfg, i)
+        tok = tokenizer_for(cfg)
+        # one family is written in shards, as an 8B model is
+        shard = "60KB" if name == "sequential-rmsnorm-swiglu-gqa-partial_rope" else "5GB"
+        out[name] = (model, tok, export_hf(model, root / name, tokenizer=tok, max_shard_size=shard))
+    return out
+
+
+def _probe(tok) -> str:
+    return "".join(c for c in TEXT if c in tok.chars) if isinstance(tok, CharTokenizer) else TEXT
+
+
+@pytest.fixture(scope="module")
+def loaded(exports, tmp_path_factory):
+    """What transformers computes in a process that cannot import the toolkit."""
+    tmp = tmp_path_factory.mktemp("hf_child")
+    job = {}
+    for name, (model, tok, export) in exports.items():
+        g = torch.Generator().manual_seed(len(name))
+        ids = torch.randint(0, model.cfg.vocab_size, (3, 40), generator=g)
+        job[name] = {
+            "folder": str(export.path),
+            "ids": ids.tolist(),
+            "prompt_len": PROMPT_LEN,
+            "gen": GEN_TOKENS,
+            "text": _probe(tok),
+        }
+    (tmp / "job.json").write_text(json.dumps(job))
+    (tmp / "child.py").write_text(CHILD)
+    site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp),
+        "PYTHONPATH": ":".join(site),
+        "HF_HOME": str(tmp / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
+    r = subprocess.run(
+        [sys.executable, "-S", str(tmp / "child.py"), str(tmp / "job.json"), str(tmp / "out.pt")],
+        cwd=tmp,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(tmp / "out.pt"), job
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_loads_in_plain_transformers_with_the_same_logits(name, exports, loaded):
+    results, job = loaded
+    model, tok, export = exports[name]
+    got = results[name]
+    assert got["class"] == CLASS_NAMES[export.target]
+    # remote code came from the folder, native classes from transformers itself
+    assert got["module"].startswith(
+        "transformers_modules." if export.remote_code else "transformers.models."
+    )
+    ids = torch.tensor(job[name]["ids"])
+    with torch.no_grad():
+        ours = model(ids)
+    assert (ours - got["logits"]).abs().max().item() < 1e-4
+    assert torch.equal(
+        model.generate(ids[:, :PROMPT_LEN], GEN_TOKENS, temperature=0), got["generated"]
+    )
+    assert got["encoded"] == tok.encode(job[name]["text"]) and got["eos"] == tok.eod_id
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_imports_back_bit_exact(name, exports):
+    model, tok, export = exports[name]
+    back, back_tok, record = read_hf_folder(export.path)
+    assert back.cfg == model.cfg
+    ours = model.state_dict()
+    assert back.state_dict().keys() == ours.keys()
+    assert all(torch.equal(v, ours[k]) for k, v in back.state_dict().items())
+    assert (
+        back_tok.identifier == tok.identifier
+        and record["model"]["vocab_size"] == model.cfg.vocab_size
+    )
+
+
+def test_sharded_family_has_an_index(exports):
+    folder = exports["sequential-rmsnorm-swiglu-gqa-partial_rope"][2].path
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    files = sorted(folder.glob("model-*.safetensors"))
+    assert len(files) > 1 and set(index["weight_map"].values()) == {f.name for f in files}
+    assert not (folder / "model.safetensors").exists()
+
+
+def test_remote_code_is_self_contained_and_copied(exports):
+    allowed = {"torch", "transformers", "math", "typing"}
+    for fname in REMOTE_FILES:
+        tree = ast.parse((REMOTE_CODE_DIR / fname).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert {a.name.split(".")[0] for a in node.names} <= allowed, fname
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 1 or node.module.split(".")[0] in allowed, (fname, node.module)
+    for model, _, export in exports.values():
+        for fname in REMOTE_FILES:
+            assert (export.path / fname).is_file() == export.remote_code
+            if export.remote_code:
+                assert (export.path / fname).read_bytes() == (REMOTE_CODE_DIR / fname).read_bytes()
+        config = json.loads((export.path / "config.json").read_text())
+        assert ("auto_map" in config) == export.remote_code
+        gen = json.loads((export.path / "generation_config.json").read_text())
+        assert gen.get("suppress_tokens") == (
+            list(range(model.cfg.vocab_size, model.cfg.padded_vocab_size)) or None
+        )
+
+
+def test_model_card_describes_the_architecture(exports):
+    model, tok, export = exports["parallel-rmsnorm-swiglu-mha-partial_rope"]
+    card = (export.path / "README.md").read_text()
+    cfg = model.cfg
+    for text in (
+        "RopeLMForCausalLM",
+        "trust_remote_code=True",
+        "parallel",
+        "RMSNorm",
+        "SwiGLU",
+        f"RoPE | {cfg.rope_dims} of 16 dims per head",
+        f"{model.num_params():,}",
+        "QK-Norm | no",
+        tok.identifier,
+    ):
+        assert text in card, text
+
+
+# ----------------------------------------------------------------------------- lm-eval
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "parallel-rmsnorm-swiglu-mha-partial_rope",
+        "sequential-rmsnorm-swiglu-mha-partial_rope-qknorm",
+    ],
+)
+def test_lm_eval_hf_backend_matches_our_harness(name, exports):
+    """lm-eval's `hf` model on the remote-code export == the toolkit's own adapter."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from pretrain.eval.harness import PretrainLM
+
+    model, tok, export = exports[name]
+    ours = PretrainLM(model=model, tokenizer=tok, batch_size=4)
+    theirs = HFLM(
+        pretrained=str(export.path),
+        trust_remote_code=True,
+        device="cpu",
+        dtype="float32",
+        batch_size=4,
+    )
+    requests = [
+        ("The capital of France is", " Paris"),
+        ("Water boils at", " 100 degrees Celsius."),
+        ("", "A document with no context."),
+        ("word " * 40, " end"),
+        ("Question: 2+2=?\nAnswer:", " 4"),
+        ("Question: 2+2=?\nAnswer:", " 5"),
+    ]
+    reqs = [Instance("loglikelihood", {}, r, i) for i, r in enumerate(requests)]
+    a, b = (
+        ours.loglikelihood(reqs, disable_tqdm=True),
+        theirs.loglikelihood(reqs, disable_tqdm=True),
+    )
+    for (la, ga), (lb, gb) in zip(a, b, strict=True):
+        assert la == pytest.approx(lb, abs=1e-4) and ga == gb
+    rolling = [Instance("loglikelihood_rolling", {}, (" ".join(f"w{i}" for i in range(60)),), 0)]
+    assert ours.loglikelihood_rolling(rolling, disable_tqdm=True) == pytest.approx(
+        theirs.loglikelihood_rolling(rolling, disable_tqdm=True), abs=1e-3
+    )
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+@pytest.fixture
+def qknorm_run(tmp_path):
+    """A run folder with a QK-Norm NoPE checkpoint (bytes tokenizer), its trainer state and
+    evaluation results, as training and tools/evaluate.py leave them."""
+    cfg = shrink(load_model_config(REPO / "configs/paper/llama1b_seq8192_rope0_qknorm.yaml"))
+    model = random_model(dataclasses.replace(cfg, vocab_size=257, pad_vocab_to_multiple=64), 7)
+    wdir = tmp_path / "run" / "checkpoints" / "step_0000020"
+    save_weights(
+        model,
+        wdir,
+        {"train": {"global_batch_size": 8, "seq_len": 64}, "data": {"train": ["data/x"]}},
+    )
+    ByteTokenizer().save(wdir / "tokenizer")
+    (wdir / "trainer_state.json").write_text(json.dumps({"step": 20, "consumed_tokens": 10240}))
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step_0000020")
+    ev = tmp_path / "run" / "eval" / "step_0000020"
+    ev.mkdir(parents=True)
+    (ev / "lm_eval_results.json").write_text(
+        json.dumps(
+            {
+                "results": {
+                    "piqa": {"acc,none": 0.61, "acc_stderr,none": 0.011, "acc_norm,none": 0.625}
+                }
+            }
+        )
+    )
+    (ev / "valid_metrics.json").write_text(json.dumps({"loss": 2.5, "bits_per_byte": 1.25}))
+    return tmp_path / "run", model
+
+
+def test_cli_export_check_and_import_round_trip(qknorm_run, tmp_path, capsys):
+    from pretrain.hf.cli import export_main, import_main
+
+    run, model = qknorm_run
+    out = tmp_path / "hf"
+    assert (
+        export_main(["--run", str(run), "--out", str(out), "--check", "--dtype", "bfloat16"]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert "RopeLMForCausalLM (remote code" in printed and "check: max |logit diff|" in printed
+    card = (out / "README.md").read_text()
+    for text in (
+        "10,240",
+        "step 20",
+        "| piqa | acc | 0.6100 ± 0.0110 |",
+        "bits_per_byte | 1.2500",
+        "QK-Norm | yes",
+        "RoPE | none (NoPE)",
+        "Parity with the toolkit's model",
+        "data/x",
+    ):
+        assert text in card, text
+    assert import_main(["--hf", str(out), "--out", str(tmp_path / "back")]) == 0
+    back, _ = load_weights(tmp_path / "back")
+    for k, v in model.state_dict().items():  # bf16 export: exactly the rounded weights
+        assert torch.equal(back.state_dict()[k], v.to(torch.bfloat16).float())
+    assert load_tokenizer(tmp_path / "back" / "tokenizer").identifier == ByteTokenizer().identifier
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--target", "llama"], ["QK-Norm", "--target auto"]),
+        (["--target", "gpt_neox"], ["LayerNorm only", "grouped-query", "NoPE"]),
+    ],
+)
+def test_cli_forced_native_target_is_refused_in_one_line(qknorm_run, tmp_path, capsys, args, words):
+    from pretrain.hf.cli import export_main
+
+    assert export_main(["--run", str(qknorm_run[0]), "--out", str(tmp_path / "hf"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(w in err for w in words), err
+
+
+def test_cli_bad_input_gives_one_line(qknorm_run, tmp_path, capsys):
+    from pretrain.hf.cli import export_main, import_main
+
+    cases = [
+        (
+            export_main,
+            ["--run", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+            "does not exist",
+        ),
+        (import_main, ["--hf", str(tmp_path), "--out", str(tmp_path / "o2")], "no config.json"),
+    ]
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    cases.append(
+        (export_main, ["--run", str(qknorm_run[0]), "--out", str(busy)], "holds no earlier export")
+    )
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    cases.append(
+        (import_main, ["--hf", str(other), "--out", str(tmp_path / "o3")], "model_type 'bert'")
+    )
+    for main, argv, words in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+
+
+def test_import_refuses_weights_that_do_not_fit(exports, tmp_path):
+    """A non-zero bias where the config says there is none is not dropped silently."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = exports["parallel-rmsnorm-swiglu-mha-full_rope"][2].path
+    dst = tmp_path / "edited"
+    shutil.copytree(src, dst)
+    state = load_file(dst / "model.safetensors")
+    state["model.layers.0.self_attn.q_proj.bias"] = torch.ones(64)
+    save_file(state, dst / "model.safetensors")
+    with pytest.raises(HFConversionError, match="q_proj.bias has no place"):
+        read_hf_folder(dst)

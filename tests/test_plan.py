@@ -1,0 +1,189 @@
+"""The planner: live-tensor accounting, DeepSpeed's buffers and FLOPs against formulas
+written out here, the choice of recompute, the command line, and the plan of real
+DeepSpeed steps checked against the CPU allocator (torch's profiler)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from pretrain import plan as P
+from pretrain.config import ConfigError
+
+MiB = 2**20
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def test_live_tensors_counts_new_storages_once_and_frees_them():
+    keep = torch.zeros(1000)  # exists before: never counted
+    with P.LiveTensors() as acct:
+        a = torch.empty(256, dtype=torch.float32)  # 1 KiB
+        b = a.view(16, 16).t()  # a view: same storage
+        keep.add_(1)  # in place on an old storage
+        c = torch.empty(512, dtype=torch.bfloat16)  # 1 KiB
+        assert acct.live == 2048
+        del a, b
+        assert acct.live == 1024  # a's storage died with its last view
+        d = torch.ones(1024, dtype=torch.float64)  # 8 KiB
+        del c, d
+    assert acct.live == 0
+    assert acct.peak == 1024 + 8192
+
+
+def test_cpu_workspace_of_mixed_dtype_pointwise_ops():
+    a, b = torch.zeros(100), torch.zeros(100, dtype=torch.bfloat16)
+    ws = P.cpu_kernel_workspace
+    assert ws(torch.ops.aten.add_.Tensor, (a, b), {}) == 400  # b cast to fp32
+    assert ws(torch.ops.aten.add_.Tensor, (b, a), {}) == 800  # b cast, and an fp32 result
+    assert ws(torch.ops.aten.add_.Tensor, (a, a), {}) == 0
+
+
+def test_flash_attention_stand_in_allocates_as_flash_attention_2():
+    B, H, KV, T, D = 2, 8, 2, 200, 64
+    with FakeTensorMode():
+        q = torch.empty(B, H, T, D, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.empty(B, KV, T, D, dtype=torch.bfloat16, requires_grad=True)
+        v = torch.empty(B, KV, T, D, dtype=torch.bfloat16, requires_grad=True)
+        with P.LiveTensors() as acct:
+            out = P._flash_sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            fwd = acct.live
+            out.backward(torch.empty_like(out))
+    bf, f32 = 2, 4
+    assert fwd == B * T * H * D * bf + B * H * T * f32  # out + log-sum-exp
+    grads = (B * T * H * D + 2 * B * T * KV * D) * bf  # dq, dk, dv
+    t_r = 256  # seqlen rounded to 128
+    work = B * H * t_r * f32 + B * t_r * H * D * f32 + 2 * B * T * H * D * bf  # GQA: dk/dv expanded
+    assert acct.peak - fwd == grads + work + B * T * H * D * bf  # + the incoming gradient
+
+
+# ----------------------------------------------------------------------------- formulas
+
+
+def test_deepspeed_buffers_of_the_bf16_optimizer():
+    groups = [[1000, 3000], [10, 10]]  # decay, no decay
+    N = 8
+    ds = P.deepspeed_memory(groups, N, "bf16", "fp32", 1, fused_adam=True)
+    flat = [4000, 32]  # each group padded to a multiple of 2 x N = 16
+    assert ds.optimizer == "BF16_Optimizer"
+    assert ds.static == {
+        "bf16 weights (flat)": 2 * sum(flat),
+        "fp32 gradient buffer (whole model)": 4 * sum(flat),  # every parameter, not 1/N
+        "fp32 master weights (1/N)": 4 * sum(flat) // N,
+        "Adam moments (1/N)": 8 * sum(flat) // N,
+    }
+    assert ds.grads == 2 * 4020
+    assert ds.after_backward == 4 * 3000  # fp32 copy of the largest gradient
+    assert ds.step == 0  # FusedAdam
+    assert P.deepspeed_memory(groups, N, "bf16", "fp32", 1, fused_adam=False).step == 8 * 4000 // N
+
+
+def test_deepspeed_buffers_of_the_zero_optimizer():
+    ds = P.deepspeed_memory([[10**6]], 4, "bf16", "bf16", 1, fused_adam=True)
+    assert ds.optimizer.startswith("DeepSpeedZeroOptimizer")
+    assert ds.grads == 2 * 10**6
+    assert ds.backward == 2 * P.REDUCE_BUCKET  # reduce bucket of the parameters' dtype
+    over = {"zero_optimization": {"reduce_bucket_size": 1000, "overlap_comm": True}}
+    assert P.deepspeed_memory([[10**6]], 4, "bf16", "bf16", 1, True, over).backward == 2 * 2 * 1000
+
+
+def test_flops_per_token_with_recompute():
+    cfg = P.validation_config(P.VALIDATION_SHAPES["llama (GQA, sequential)"]).model
+    T = 256
+    d, L, H, KV, hd, ff, V = 64, 4, 4, 2, 16, 192, 512
+    block = d * (H + 2 * KV) * hd + H * hd * d + d * 2 * ff + ff * d
+    model = 6 * (L * block + V * d) + 12 * L * H * hd * T
+    for n in (0, 2, 4):
+        got = P.flops_per_token(cfg, T, n)
+        assert got[0] == model
+        assert got[1] == model + n * (2 * block + 4 * H * hd * T)
+
+
+def test_time_and_slurm_hours():
+    cfg = P.validation_config(P.VALIDATION_SHAPES["llama (GQA, sequential)"], micro_batch=2)
+    plan = P.plan_run(cfg, P.GPUS["h200"], 1, layers=4)
+    tokens = cfg.train.global_batch_size * 256
+    assert plan.step_time(0.5) == pytest.approx(plan.model_flops * tokens / (989e12 * 0.5))
+    assert plan.run_time(1.0) == pytest.approx(10 * plan.step_time(1.0))
+    assert plan.gpu_hours(1.0) == pytest.approx(plan.run_time(1.0) / 3600)
+    assert P.slurm_hours(plan) == 1  # seconds of work: the half-hour margin, rounded up
+
+
+# ----------------------------------------------------------------------------- choices
+
+
+def test_choose_takes_the_least_recompute_that_fits():
+    cfg = P.validation_config(
+        P.VALIDATION_SHAPES["pythia (parallel, MHA)"], seq_len=128, accumulation=2
+    )
+    peaks = {n: P.plan_run(cfg, P.GPUS["h200"], 1, layers=n).peak for n in range(5)}
+    assert all(peaks[n] > peaks[n + 1] for n in range(4))  # more recompute, less memory
+    gpu = P.GPU("test", (peaks[2] + peaks[1]) // 2, 1e12)  # fits with 2, not with 1
+    plan = P.choose(cfg, gpu, 1, change_micro_batch=False, reserve=0)
+    assert plan.layers == 2 and plan.fits
+    assert P.choose(cfg, P.GPU("tiny", peaks[4] // 2, 1e12), 1, False, reserve=0) is None
+    # Allowed to halve the micro batch (global batch kept), it needs less recompute.
+    halved = P.choose(cfg, gpu, 1, change_micro_batch=True, reserve=0)
+    assert halved.micro_batch * halved.grad_accum == 8
+    assert halved.executed_flops <= plan.executed_flops
+
+
+def test_cli_plan_and_errors(tmp_path, capsys):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(
+        "model: {vocab_size: 512, n_layers: 2, d_model: 64, n_heads: 4, d_ff: 128, max_seq_len: 128}\n"
+        "train: {train_iters: 100, global_batch_size: 16, micro_batch_size: 4, "
+        "activation_checkpointing: auto}\n"
+    )
+    assert P.main([str(cfg), "--gpu", "h100", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    for words in (
+        "FITS",
+        "train peak",
+        "eval peak",
+        "largest micro batch",
+        "executed",
+        "at 40% MFU",
+        "GPU-hours",
+        "auto picked micro batch 4 x 2 accumulation, recompute: none",
+    ):
+        assert words in out
+    for argv, words in (
+        (["--gpu", "a100"], "--gpu 'a100' is unknown; use h100, h200 or a memory size in GiB"),
+        (["--checkpointing", "some"], "train.activation_checkpointing='some'"),
+        (["--checkpointing", "9"], "train.activation_checkpointing=9 is not a number of layers"),
+        (["--gpus", "3"], "divisible"),
+        (["--mfu", "40"], "--mfu 40.0 must be in (0, 1]"),
+    ):
+        assert P.main([str(cfg), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and words in err, err
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def test_plan_equals_the_cpu_allocator_within_2_percent():
+    """A real DeepSpeed step (bf16, ZeRO-1, fp32 gradient accumulation, BF16_Optimizer; 2 of
+    4 blocks recomputed) of three model shapes, measured by c10's CPU allocator through
+    torch's profiler, against the plan for the CPU (the same tracer, CPU kernels)."""
+    results = P.validate()
+    assert len(results) == 6  # training and evaluation of each shape
+    for v in results:
+        assert abs(v.error) <= 0.02, (v.name, v.predicted, v.measured)
+    assert math.isclose(results[0].predicted, results[0].measured, rel_tol=0.01)
+
+
+def test_bad_gpu_and_auto_without_choice():
+    with pytest.raises(ConfigError, match="--gpu '0'"):
+        P.parse_gpu("0")
+    assert P.parse_gpu("80").memory == 80 * 2**30
+    cfg = P.validation_config(P.VALIDATION_SHAPES["llama (GQA, sequential)"], layers=0)
+    cfg.train.activation_checkpointing = "auto"
+    with pytest.raises(ConfigError, match="auto"):
+        P.plan_run(cfg, P.GPUS["h100"], 1)
+    assert P.resolve_activation_checkpointing(cfg, 1, torch.device("cpu")) == 0
