@@ -416,6 +416,15 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def yaml_error_message(e: BaseException, path: Any = None) -> str:
+    """`FILE:LINE:COLUMN: not valid YAML: PROBLEM` for a yaml.MarkedYAMLError (1-based)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e)
+    name = path if path is not None else getattr(mark, "name", None) or "<yaml>"
+    where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else f"{name}"
+    return f"{where}: not valid YAML: {problem}; fix the file's syntax"
+
+
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a YAML config, resolving `inherit:` (a path or list of paths, relative to the file).
 
@@ -431,7 +440,7 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(yaml_error_message(e, path)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     parents = data.pop("inherit", None)
@@ -513,6 +522,7 @@ __all__ = [
     "load_config",
     "load_model_config",
     "load_yaml",
+    "yaml_error_message",
     "rotary_dims_from_fraction",
     "to_dict",
 ]

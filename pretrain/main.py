@@ -8,7 +8,7 @@ Every launcher works with the same command line:
 
 Re-running the same command resumes from the newest complete checkpoint. Exit codes:
 0 when train_iters are done, 99 after SIGTERM/SIGUSR1 (a checkpoint was written; requeue),
-2 for a configuration error.
+2 for a user error (config, data, path, flag: one line; PRETRAIN_DEBUG=1 for a traceback).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pretrain.config import ConfigError, load_config
+from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.config import load_config
 from pretrain.run_layout import CheckpointSaveError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
@@ -50,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@user_errors(label="config error")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -67,12 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointSaveError as e:  # the run is resumable: say how, without a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except ConfigError as e:
-        import os
-
-        if os.environ.get("RANK", "0") == "0":  # every rank fails alike; say it once
-            print(f"{getattr(e, 'label', 'config error')}: {e}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

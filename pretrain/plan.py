@@ -42,7 +42,6 @@ free of c10's CPU allocator with the running total), after a warm-up step.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import gc
@@ -1243,7 +1242,16 @@ def format_plan(p: Plan, mfu: float, largest_mb: int | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    """`python tools/plan.py`: a user error -> one line, exit 2 (pretrain/cli/errors.py)."""
+    from pretrain.cli.errors import user_errors
+
+    return user_errors(_main)(None if argv is None else list(argv))
+
+
+def _main(argv: list[str] | None = None) -> int:
+    from pretrain.cli.errors import ArgumentParser
+
+    ap = ArgumentParser(
         prog="plan", description="Memory and time plan of a run, traced on fake tensors."
     )
     ap.add_argument("config", nargs="?", help="run config (YAML)")
@@ -1283,17 +1291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"with --paper: write the plans to {PAPER_PLAN.name} (read by the sweep)",
     )
     args = ap.parse_args(argv)
-    try:
-        if args.validate:
-            return _main_validate()
-        if args.paper:
-            return _main_paper(args)
-        if not args.config:
-            ap.error("give a CONFIG (or --validate)")
-        return _main_plan(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.validate:
+        return _main_validate()
+    if args.paper:
+        return _main_paper(args)
+    if not args.config:
+        ap.error("give a CONFIG (or --validate)")
+    return _main_plan(args)
 
 
 def _main_plan(args) -> int:

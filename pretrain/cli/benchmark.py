@@ -7,6 +7,8 @@ Speed is measured here, never in tests: ratios on CPU, absolute figures on a GPU
 import argparse
 import importlib
 
+from pretrain.cli.errors import ArgumentParser, user_errors
+
 AREAS = {
     "model": "forward+backward step time across rope_theta and rope fraction; GPU tokens/s, MFU",
     "data": "tokenization throughput per worker; projected hours for 100B tokens",
@@ -15,8 +17,9 @@ AREAS = {
 }
 
 
+@user_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="area", required=True, metavar="AREA")
     modules = {}
     for name, help_text in AREAS.items():

@@ -14,11 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.run_layout import CHECKPOINTS_DIR, DELETING_SUFFIX, TMP_SUFFIX
 
 
+@user_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run folder (runs/NAME) or its checkpoints folder")
     parser.add_argument("--size-only", action="store_true",
@@ -30,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.run)
     ckpts = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
     if not ckpts.is_dir():
-        print(f"error: {path} is neither a run folder nor a checkpoints folder", file=sys.stderr)
+        print(f"error: {path} is neither a run folder nor a checkpoints folder; give runs/NAME",
+              file=sys.stderr)
         return 2
     tags = complete_tags(ckpts)
     if not tags:

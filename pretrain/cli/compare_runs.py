@@ -11,10 +11,10 @@ eval/<step>/lm_eval_results.json written by tools/evaluate.py. Accuracies are th
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-from pretrain.eval.compare import CompareError, compare, markdown_report, to_csv
+from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.eval.compare import compare, markdown_report, to_csv
 from pretrain.run_layout import atomic_write
 
 
@@ -24,8 +24,9 @@ def _write(path: str, text: str) -> None:
     atomic_write(out, text, fsync=False)
 
 
+@user_errors
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (runs/NAME)")
     p.add_argument("--eval-step", type=int, default=None,
                    help="use the evaluation of this checkpoint step (default: each run's newest)")
@@ -38,12 +39,8 @@ def main(argv=None) -> int:
     p.add_argument("--csv", default=None,
                    help="write a CSV: one row per run and one per config group (with *_std columns)")
     args = p.parse_args(argv)
-    try:
-        runs, groups = compare(args.runs, args.eval_step)
-        report = markdown_report(runs, groups, args.baseline)
-    except CompareError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    runs, groups = compare(args.runs, args.eval_step)
+    report = markdown_report(runs, groups, args.baseline)
     print(report)
     if args.markdown:
         _write(args.markdown, report)

@@ -14,11 +14,12 @@ pubmedqa, winogrande, wsc273. See docs/evaluation.md.
 import argparse
 import logging
 import os
-import sys
+
+from pretrain.cli.errors import ArgumentParser, user_errors
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
@@ -112,6 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@user_errors
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -121,36 +123,29 @@ def main(argv=None) -> int:
         # Offline: nothing may reach for the hub (set before the datasets library is imported).
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pretrain.config import ConfigError
-    from pretrain.data.tokenizer import TokenizerError
-    from pretrain.eval.suite import EvalError, evaluate
-    from pretrain.eval.tasks.convert import EvalDataError
+    from pretrain.eval.suite import evaluate
 
     limit = args.limit
     if limit is not None and limit >= 1:
         limit = int(limit)
-    try:
-        outcome = evaluate(
-            args.run,
-            step=args.step,
-            tasks=args.tasks,
-            limit=limit,
-            data_dir=args.data_dir,
-            output=args.output,
-            batch_size=args.batch_size,
-            device=args.device,
-            dtype=args.dtype,
-            num_fewshot=args.num_fewshot,
-            skip_missing=args.skip_missing,
-            val=args.val,
-            val_data=args.val_data,
-            val_samples=args.val_samples,
-            max_length=args.max_length,
-            bootstrap_iters=args.bootstrap_iters,
-        )
-    except (EvalError, EvalDataError, ConfigError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    outcome = evaluate(
+        args.run,
+        step=args.step,
+        tasks=args.tasks,
+        limit=limit,
+        data_dir=args.data_dir,
+        output=args.output,
+        batch_size=args.batch_size,
+        device=args.device,
+        dtype=args.dtype,
+        num_fewshot=args.num_fewshot,
+        skip_missing=args.skip_missing,
+        val=args.val,
+        val_data=args.val_data,
+        val_samples=args.val_samples,
+        max_length=args.max_length,
+        bootstrap_iters=args.bootstrap_iters,
+    )
     print((outcome.output_dir / "results.md").read_text())
     for f in outcome.files:
         print(f"wrote {f}")

@@ -9,17 +9,17 @@ The model is built on the meta device (instant, no memory), so the counts are it
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from pretrain.analysis.model_info import format_info, format_info_table, model_info
 from pretrain.analysis.presets import load_preset, preset_names
-from pretrain.config import ConfigError
+from pretrain.cli.errors import ArgumentParser, user_errors
 
 
+@user_errors
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
@@ -50,13 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --preset NAME or --all")
     if args.seq_len is not None and args.seq_len < 1:
         p.error(f"--seq-len={args.seq_len} must be >= 1")
-    try:
-        names = preset_names() if args.all else [args.preset]
-        infos = [
-            model_info(load_preset(n, args.overrides), Path(n).stem, args.seq_len) for n in names
-        ]
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+    names = preset_names() if args.all else [args.preset]
+    infos = [
+        model_info(load_preset(n, args.overrides), Path(n).stem, args.seq_len) for n in names
+    ]
     if args.json:
         print(json.dumps([asdict(i) for i in infos] if args.all else asdict(infos[0]), indent=2))
     elif args.all:

@@ -25,7 +25,9 @@ import argparse
 import logging
 import signal
 import sys
+from pathlib import Path
 
+from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.data import prepare as prep
 from pretrain.data import recipes
 
@@ -33,7 +35,7 @@ RECIPES = ("stdlib", "tinyshakespeare", "enwik8", "text8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     src = p.add_argument_group("input (one of)")
@@ -123,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@user_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -132,9 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with prep.stop_on_signals():
             _prepare(args, progress)
-    except prep.friendly_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         print(
@@ -147,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _prepare(args: argparse.Namespace, progress: bool) -> None:
+    out = Path(args.output)
+    for folder in (out, *out.parents):
+        if folder.exists() and not folder.is_dir():
+            where = "" if folder == out else f" (in --output {out})"
+            raise prep.PrepareError(
+                f"--output: {folder}{where} is a file, not a folder; choose a folder path"
+            )
     if args.recipe == "stdlib":
         recipes.prepare_stdlib_corpus(
             args.output,

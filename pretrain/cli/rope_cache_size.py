@@ -13,11 +13,13 @@ import sys
 
 from pretrain.analysis import rope_cache as rc
 from pretrain.analysis.presets import load_preset, preset_names
+from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import ConfigError
 
 
+@user_errors
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
@@ -80,35 +82,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
 
-    try:
-        seq_lens = [rc.parse_seq_len(s) for s in args.seq_lens.split(",") if s.strip()]
-        fractions = (
-            [rc.parse_fraction(s) for s in args.fractions.split(",") if s.strip()]
-            if args.fractions
-            else None
+    seq_lens = [rc.parse_seq_len(s) for s in args.seq_lens.split(",") if s.strip()]
+    fractions = (
+        [rc.parse_fraction(s) for s in args.fractions.split(",") if s.strip()]
+        if args.fractions
+        else None
+    )
+    if args.layers is not None and args.layers < 1:
+        raise ConfigError(f"--layers={args.layers} must be >= 1")
+    if args.head_dim is not None and (args.head_dim < 2 or args.head_dim % 2):
+        raise ConfigError(f"--head-dim={args.head_dim} must be an even number >= 2")
+    cfg = load_preset(args.preset) if args.preset else None
+    head_dim = args.head_dim or (cfg.head_dim if cfg else 256)
+    layers = args.layers or (cfg.n_layers if cfg else 16)
+
+    if args.check:
+        presets = [args.preset] if args.preset else preset_names()
+        results = rc.check_presets(presets, fractions or rc.CHECK_FRACTIONS)
+        print(rc.format_check(results))
+        sys.exit(0 if all(r.ok for r in results) else 1)
+
+    fractions = fractions or list(rc.DEFAULT_FRACTIONS)
+    rows = rc.cache_table(head_dim, seq_lens, fractions, args.precision, layers)
+    print(rc.format_table(rows, seq_lens, head_dim, args.precision, layers, args.units))
+    if args.plot:
+        path = rc.plot_cache(
+            head_dim, fractions, args.precision, layers, max(seq_lens), args.plot
         )
-        if args.layers is not None and args.layers < 1:
-            raise ConfigError(f"--layers={args.layers} must be >= 1")
-        if args.head_dim is not None and (args.head_dim < 2 or args.head_dim % 2):
-            raise ConfigError(f"--head-dim={args.head_dim} must be an even number >= 2")
-        cfg = load_preset(args.preset) if args.preset else None
-        head_dim = args.head_dim or (cfg.head_dim if cfg else 256)
-        layers = args.layers or (cfg.n_layers if cfg else 16)
-
-        if args.check:
-            presets = [args.preset] if args.preset else preset_names()
-            results = rc.check_presets(presets, fractions or rc.CHECK_FRACTIONS)
-            print(rc.format_check(results))
-            sys.exit(0 if all(r.ok for r in results) else 1)
-
-        fractions = fractions or list(rc.DEFAULT_FRACTIONS)
-        rows = rc.cache_table(head_dim, seq_lens, fractions, args.precision, layers)
-        print(rc.format_table(rows, seq_lens, head_dim, args.precision, layers, args.units))
-        if args.plot:
-            path = rc.plot_cache(
-                head_dim, fractions, args.precision, layers, max(seq_lens), args.plot
-            )
-            print(f"\nwrote {path}")
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+        print(f"\nwrote {path}")
 

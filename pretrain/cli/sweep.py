@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import ConfigError
 from pretrain.sweep import (
     budget_warnings,
@@ -33,10 +34,11 @@ from pretrain.sweep import (
 REPO = Path(__file__).resolve().parents[2]
 
 
+@user_errors(label="config error")
 def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE"):  # `tools/sweep.py list | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("write", help="write every generated config and job script; list what changed")
     sub.add_parser("check", help="exit 1 and name the files that differ from the grid")
@@ -84,10 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             # Arguments meant for main.py other than --set (e.g. --print-config) are ignored.
             print(run_dir_of(args.config, args.overrides))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
     except ValueError as e:  # a run of the grid that cannot be laid out (pretrain/sweep.py)
+        if isinstance(e, ConfigError):
+            raise  # one line from user_errors
         print(f"grid error: {e}", file=sys.stderr)
         return 2
     return 0

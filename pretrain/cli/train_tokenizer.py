@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
-from pretrain.data.prepare import friendly_errors
+from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.data.tokenizer_training import KINDS, train_tokenizer
 
 
+@user_errors
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help="files, globs (quoted) or folders: .parquet, .jsonl/.json(.gz), .txt(.gz)")
     p.add_argument("--output", required=True, metavar="DIR", help="folder to write the tokenizer into")
@@ -34,12 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="train on the first this-many bytes of text (default 1e9; 0 = all)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    try:
-        tok = train_tokenizer(args.input, args.output, args.kind, args.vocab_size, args.text_field,
-                              args.txt_mode, int(args.max_bytes) or None)
-    except friendly_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    tok = train_tokenizer(args.input, args.output, args.kind, args.vocab_size, args.text_field,
+                          args.txt_mode, int(args.max_bytes) or None)
     print(f"{tok.identifier}: vocab {tok.vocab_size}, end-of-document id {tok.eod_id} -> {args.output}")
     return 0
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from pretrain.config import yaml_error_message
 from pretrain.eval.tables import MISSING, PAPER_COLUMNS, PPL_COLUMNS, markdown_table, metric
 from pretrain.run_layout import CONFIG_FILE, EVAL_DIR, RunLayout, read_metrics, step_tag
 
@@ -67,7 +68,7 @@ def _read_config(run: Path) -> dict[str, Any] | None:
             try:
                 return yaml.safe_load(path.read_text()) or {}
             except yaml.YAMLError as e:
-                raise CompareError(f"{path}: not valid YAML ({e})") from None
+                raise CompareError(yaml_error_message(e, path)) from None
     return None
 
 

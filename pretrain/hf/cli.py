@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from pretrain.cli.errors import ArgumentParser, user_errors
+
 EXPORT_DOC = """Export a checkpoint to a Hugging Face folder that transformers loads.
 
     python tools/export_hf.py --run runs/pythia1b_rope10 --out exports/pythia1b_rope10 --check
@@ -41,11 +43,12 @@ def _fail(message: str) -> int:
     return 2
 
 
+@user_errors
 def export_main(argv: list[str] | None = None) -> int:
     from pretrain.hf.check import DEFAULT_TOLERANCE
     from pretrain.hf.convert import TARGETS
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="export_hf.py",
         description=EXPORT_DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -100,35 +103,30 @@ def export_main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pretrain.config import ConfigError
-    from pretrain.data.tokenizer import TokenizerError, load_tokenizer
+    from pretrain.data.tokenizer import load_tokenizer
     from pretrain.hf.card import run_info, write_card
     from pretrain.hf.check import check_parity
-    from pretrain.hf.convert import HFConversionError
     from pretrain.hf.folder import export_hf
     from pretrain.model.weights import find_weights_dir, load_weights
 
-    try:
-        wdir = find_weights_dir(args.run, args.step)
-        model, _ = load_weights(wdir)
-        tok = None
-        if args.tokenizer:
-            tok = load_tokenizer(args.tokenizer)
-        elif (wdir / "tokenizer").is_dir():
-            tok = load_tokenizer(wdir / "tokenizer")
-        info = run_info(wdir)
-        export = export_hf(
-            model,
-            args.out,
-            args.target,
-            getattr(torch, args.dtype),
-            tokenizer=tok,
-            max_shard_size=args.max_shard_size,
-            run=info,
-            provenance={"source": str(wdir.resolve()), "step": info.step},
-        )
-    except (ConfigError, HFConversionError, TokenizerError) as e:
-        return _fail(str(e))
+    wdir = find_weights_dir(args.run, args.step)
+    model, _ = load_weights(wdir)
+    tok = None
+    if args.tokenizer:
+        tok = load_tokenizer(args.tokenizer)
+    elif (wdir / "tokenizer").is_dir():
+        tok = load_tokenizer(wdir / "tokenizer")
+    info = run_info(wdir)
+    export = export_hf(
+        model,
+        args.out,
+        args.target,
+        getattr(torch, args.dtype),
+        tokenizer=tok,
+        max_shard_size=args.max_shard_size,
+        run=info,
+        provenance={"source": str(wdir.resolve()), "step": info.step},
+    )
     kind = "remote code, load with trust_remote_code=True" if export.remote_code else "native"
     print(f"exported {wdir} as {export.class_name} ({kind}) to {export.path}")
     if export.tokenizer_note:
@@ -148,8 +146,9 @@ def export_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@user_errors
 def import_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="import_hf.py",
         description=IMPORT_DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -161,19 +160,13 @@ def import_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    from pretrain.config import ConfigError
-    from pretrain.data.tokenizer import TokenizerError
-    from pretrain.hf.convert import HFConversionError
     from pretrain.hf.folder import read_hf_folder
     from pretrain.model.weights import save_weights
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         return _fail(f"{out} exists and is not an empty folder; choose a new one")
-    try:
-        model, tok, _ = read_hf_folder(args.hf)
-    except (ConfigError, HFConversionError, TokenizerError) as e:
-        return _fail(str(e))
+    model, tok, _ = read_hf_folder(args.hf)
     save_weights(model, out)
     if tok is not None:
         tok.save(out / "tokenizer")

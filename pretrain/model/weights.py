@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import yaml
 
-from pretrain.config import ConfigError, ModelConfig, from_dict, to_dict
+from pretrain.config import ConfigError, ModelConfig, from_dict, to_dict, yaml_error_message
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import (
     CHECKPOINTS_DIR,
@@ -57,7 +57,10 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path} not found: {directory} is not a weights folder "
                           f"(expected {WEIGHTS_FILE} and {CONFIG_FILE})")
-    return yaml.safe_load(path.read_text()) or {}
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_error_message(e, path)) from None
 
 
 def _damaged(directory: Path) -> str | None:

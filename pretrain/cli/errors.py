@@ -1,0 +1,140 @@
+"""One line and exit code 2 for every error a user causes; `PRETRAIN_DEBUG=1` for the traceback.
+
+Every program (pretrain/main.py, pretrain/cli/*, pretrain/plan.py, pretrain/hf/cli.py) wraps
+its `main` in `user_errors` and builds its parser with `ArgumentParser`:
+
+- a bad flag prints `error: PROG: MESSAGE (see --help)` and exits 2 (argparse's usage dump
+  is left out: `--help` shows it);
+- a bad config file, field, path, data file, checkpoint or tokenizer (the project's error
+  types that carry a message naming the thing and the fix, YAML syntax errors, and
+  FileNotFoundError and its kin for a path the user gave) prints one line
+  `error: MESSAGE` (or the error's own label, e.g. `config error:`) and exits 2;
+- anything else is a bug or a failure of the machine and keeps its traceback (exit 1).
+
+With PRETRAIN_DEBUG=1 (any value but empty or 0) user errors raise as they are, traceback
+included. Exit codes of the programs: 0 ok, 1 failure, 2 user error, 99 pre-empted (the
+trainer saved a checkpoint after SIGTERM/SIGUSR1; requeue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pretrain.config import yaml_error_message
+
+DEBUG_ENV = "PRETRAIN_DEBUG"
+USER_ERROR = 2
+
+# The project's error types whose message already names the thing and the fix. Named, not
+# imported, so a program pays no import for the ones it does not use (an exception of a
+# type is raised only after its module was imported anyway).
+_USER_ERROR_TYPES = frozenset(
+    {
+        "pretrain.config.ConfigError",  # and DataError, CheckpointError, ContinuationTooLong
+        "pretrain.data.prepare.PrepareError",
+        "pretrain.data.sources.SourceError",
+        "pretrain.data.tokenizer.TokenizerError",
+        "pretrain.eval.suite.EvalError",
+        "pretrain.eval.tasks.convert.EvalDataError",
+        "pretrain.eval.compare.CompareError",
+        "pretrain.hf.convert.HFConversionError",
+        "pretrain.hf.tokenizer.TokenizerExportError",
+        "yaml.error.YAMLError",
+    }
+)
+
+# OSErrors that a path given by the user causes, with the fix to say.
+_PATH_FIXES: dict[type[OSError], str] = {
+    FileNotFoundError: "check the path",
+    NotADirectoryError: "a part of the path is a file, not a folder; choose another path",
+    IsADirectoryError: "it is a folder; give a file",
+    FileExistsError: "it is in the way; remove it or choose another path",
+    PermissionError: "no permission; choose a path you may read or write",
+}
+
+
+def debug() -> bool:
+    """True when PRETRAIN_DEBUG asks for tracebacks."""
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+
+
+def is_user_error(e: BaseException) -> bool:
+    if any(f"{c.__module__}.{c.__qualname__}" in _USER_ERROR_TYPES for c in type(e).__mro__):
+        return True
+    return isinstance(e, tuple(_PATH_FIXES))
+
+
+def message(e: BaseException) -> str:
+    """The one line that names the thing and the fix."""
+    if f"{type(e).__module__}".startswith("yaml"):
+        text = yaml_error_message(e)
+    elif (
+        isinstance(e, OSError)
+        and type(e) in _PATH_FIXES
+        and e.filename is not None
+        and e.strerror
+    ):
+        text = f"{e.filename}: {e.strerror.lower()}; {_PATH_FIXES[type(e)]}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def report(e: BaseException, label: str = "error") -> None:
+    """Print the one line (rank 0 only: every rank of a run fails alike)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    from pretrain.config import ConfigError
+
+    label = getattr(e, "label", None) or (label if isinstance(e, ConfigError) else "error")
+    print(f"{label}: {message(e)}", file=sys.stderr, flush=True)
+
+
+def user_errors(
+    main: Callable[..., int | None] | None = None, *, label: str = "error"
+) -> Any:
+    """Decorate a program's `main(argv=None) -> int`: a user error -> one line and exit 2.
+
+    `label` prefixes the line of a ConfigError (`error`, or `config error` for the trainer);
+    an error type's own `label` attribute wins (CheckpointError: `checkpoint error`); every
+    other user error says `error`."""
+
+    def wrap(fn: Callable[..., int | None]) -> Callable[..., int]:
+        @functools.wraps(fn)
+        def run(argv: list[str] | None = None) -> int:
+            try:
+                return fn(argv) or 0
+            except Exception as e:
+                if debug() or not is_user_error(e):
+                    raise
+                report(e, label)
+                return USER_ERROR
+
+        return run
+
+    return wrap(main) if main is not None else wrap
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error: `error: PROG: MESSAGE (see --help)`, exit 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(USER_ERROR, f"error: {self.prog}: {message} (see --help)\n")
+
+
+__all__ = [
+    "DEBUG_ENV",
+    "USER_ERROR",
+    "ArgumentParser",
+    "debug",
+    "is_user_error",
+    "message",
+    "report",
+    "user_errors",
+    "yaml_error_message",
+]
