@@ -301,13 +301,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(value, arg, key)
-            except ConfigError:
-                pass
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) == 1:  # X | None: say what X wants
+            raise ConfigError(
+                f"{errors[0]} (or null)" if type(None) in args else str(errors[0])
+            ) from None
         raise ConfigError(
             f"{key}={value!r} has the wrong type; expected {_type_name(tp)}"
         )

@@ -112,6 +112,22 @@ def _check_logging(cfg: Config) -> None:
         raise ConfigError(
             f"logging.max_logit_interval={cfg.logging.max_logit_interval} must be >= 0 (0 = off)"
         )
+    for key, path in (
+        ("logging.run_dir", cfg.logging.run_dir),
+        ("checkpoint.dir", cfg.checkpoint.dir),
+    ):
+        if path:
+            _check_folder_path(key, Path(path))
+
+
+def _check_folder_path(key: str, path: Path) -> None:
+    """A folder the run creates: neither it nor a folder above it may be an existing file."""
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            where = "" if p == path else f", above {path}"
+            raise ConfigError(
+                f"{key}={path}: {p}{where} is a file, not a folder; choose another {key}"
+            )
 
 
 def _check_data_fields(cfg: Config) -> None:
