@@ -170,8 +170,9 @@ def test_cli_plan_and_errors(tmp_path, capsys):
 def test_plan_equals_the_cpu_allocator_within_2_percent():
     """A real DeepSpeed step (bf16, ZeRO-1, fp32 gradient accumulation, BF16_Optimizer; 2 of
     4 blocks recomputed) of three model shapes, measured by c10's CPU allocator through
-    torch's profiler, against the plan for the CPU (the same tracer, CPU kernels)."""
-    results = P.validate()
+    torch's profiler, against the plan for the CPU (the same tracer, CPU kernels). Micro
+    batch 2 x 256 here (`tools/plan.py --validate`: 4 x 256) to keep the test short."""
+    results = P.validate(micro_batch=2)
     assert len(results) == 6  # training and evaluation of each shape
     for v in results:
         assert abs(v.error) <= 0.02, (v.name, v.predicted, v.measured)
@@ -187,3 +188,39 @@ def test_bad_gpu_and_auto_without_choice():
     with pytest.raises(ConfigError, match="auto"):
         P.plan_run(cfg, P.GPUS["h100"], 1)
     assert P.resolve_activation_checkpointing(cfg, 1, torch.device("cpu")) == 0
+
+
+# ----------------------------------------------------------------------------- paper runs
+
+
+def test_paper_plan_covers_every_run_and_meets_the_targets():
+    """pretrain/sweep_plan.json (`tools/plan.py --paper --write`): every run of the grid,
+    planned; each fits an H200 and an H100 as configured; with `auto` on an H200 every 1B
+    run executes at most 1.15x the model's FLOPs."""
+    import json
+
+    from pretrain.sweep import paper_runs
+
+    rows = {r["name"]: r for r in json.loads(P.PAPER_PLAN.read_text())["runs"]}
+    assert set(rows) == {run.name for run in paper_runs()}
+    for name, r in rows.items():
+        assert r["fits_h200"] and r["fits_h100"], name
+        auto = r["auto_h200"]
+        assert auto["train_peak_gib"] + 2 + 0.05 * 140.4 <= 140.4, name
+        if "1b" in name:
+            assert auto["recompute_ratio"] <= 1.15, name
+            assert auto["micro_batch"] * auto["grad_accum"] * 32 == r["global_batch"], name
+        assert 1 <= auto["slurm_hours"] <= P.SLURM_MAX_HOURS
+
+
+@pytest.mark.slow
+def test_paper_plan_is_current():
+    """Re-plan one paper run: the stored row equals a fresh plan (about a minute)."""
+    import json
+
+    from pretrain.sweep import paper_runs
+
+    run = next(r for r in paper_runs() if r.name == "llama1b_rope10")
+    stored = {r["name"]: r for r in json.loads(P.PAPER_PLAN.read_text())["runs"]}[run.name]
+    fresh = P.plan_paper_run(P.Path(__file__).resolve().parents[1] / run.config_path)
+    assert fresh == stored
