@@ -172,6 +172,13 @@ class DataConfig:
     # Where megatron-core caches its sample indices; null = beside the data.
     cache_dir: str | None = None
     num_workers: int = 1  # DataLoader workers per rank
+    # How samples are read from the .bin files: "random" = memory-mapped with
+    # madvise(MADV_RANDOM), so a cold read pulls in only the pages a sample covers (the
+    # kernel's read-ahead would pull ~MiBs per sample); "readahead" = memory-mapped with the
+    # kernel's default read-ahead (the old behaviour: best when the data sits in the page
+    # cache or is read in order); "file" = megatron-core's file reader (open, seek, read per
+    # sample; no mapping). The same samples either way (docs/performance.md).
+    read_mode: Literal["random", "readahead", "file"] = "random"
     # Build data.train[0] with this ready-made recipe when it does not exist yet (rank 0,
     # before training): "stdlib" = byte-level text of the installed Python standard library
     # (the quickstart; no download). null = the data must already be prepared.
@@ -189,6 +196,12 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 = no clipping
     decay_norms_and_biases: bool = False  # GPT-NeoX: no weight decay on norms and biases
     decay_embeddings: bool = True
+    # Which AdamW runs the step (the same update to fp32 rounding): "auto" = DeepSpeed's
+    # FusedAdam on CUDA, torch's fused AdamW elsewhere where the device has it (CPU does),
+    # else "foreach"; "fused"/"foreach" = torch's AdamW with that implementation, handed to
+    # DeepSpeed as the client optimizer; "deepspeed" = the optimizer DeepSpeed builds from
+    # its config (FusedAdam on CUDA, torch's single-tensor AdamW elsewhere: the old path).
+    impl: Literal["auto", "fused", "foreach", "deepspeed"] = "auto"
 
 
 @dataclass

@@ -1045,6 +1045,9 @@ def measure_cpu_step(cfg: Config, steps: int = 2) -> tuple[int, int]:
     device = torch.device("cpu")
     t = cfg.train
     gas = grad_accum_steps(cfg, 1)
+    # The CPU plan models the optimizer DeepSpeed builds itself (torch's single-tensor AdamW):
+    # measure that path, whatever optim.impl the config asks for.
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, impl="deepspeed"))
     engine_args = {"config": deepspeed_config(cfg, 1, device), "dist_init_required": False}
     gen = torch.Generator().manual_seed(0)
     shape = (t.micro_batch_size, cfg.seq_len)

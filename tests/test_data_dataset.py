@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -160,3 +161,38 @@ def test_incomplete_prepared_folder_is_refused(corpora, tmp_path):
     (folder / "train" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match="only partly prepared; rerun the same prepare_data.py"):
         build_datasets(DataConfig(train=[str(folder)]), SEQ, 1, 10, 0)
+
+
+def _vm_flags(path: str) -> list[set[str]]:
+    """VmFlags of this process's mappings of `path` (/proc/self/smaps; "rr" = MADV_RANDOM)."""
+    flags, current = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+            current = line.endswith(" " + path)
+        elif current and line.startswith("VmFlags:"):
+            flags.append(set(line.split()[1:]))
+    return flags
+
+
+def test_read_modes_return_the_same_samples(corpora):
+    """random (MADV_RANDOM on the .bin maps), readahead (the old mmap) and file (megatron's
+    file reader): the same samples, directly and through forked loader workers."""
+    from pretrain.data.dataset import bin_mappings
+
+    got = {}
+    for mode in ("readahead", "random", "file"):
+        data = DataConfig(train=[str(corpora["shakespeare"]), str(corpora["edu"])], train_weights=[0.5, 0.5],
+                          read_mode=mode)
+        ds, _ = build_datasets(data, SEQ, seed=3, train_samples=256, valid_samples=0)
+        maps = bin_mappings(ds.inner)
+        assert len(maps) == (0 if mode == "file" else len(ds.prefixes)), (mode, len(maps))
+        if mode != "file":
+            flags = _vm_flags(ds.prefixes[0].path + ".bin")
+            assert flags and all(("rr" in f) == (mode == "random") for f in flags), (mode, flags)
+        direct = [ds[i]["input_ids"].tolist() for i in range(256)]
+        loader = make_loader(ds, global_batch=32, micro_batch=8, dp_rank=0, dp_world=1, num_workers=2)
+        assert _rows(loader) == direct, mode
+        got[mode] = direct
+        del ds, maps, loader
+        gc.collect()  # the next mode's maps of the same files are the only ones
+    assert got["random"] == got["readahead"] == got["file"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -225,18 +226,62 @@ class _MegatronTokenizer:
 # ----------------------------------------------------------------------------- datasets
 
 
-class TokenDataset(torch.utils.data.Dataset):
-    """megatron-core samples as {"input_ids", "labels"}; labels of masked positions are -100."""
+def bin_mappings(ds: Any) -> list[mmap.mmap]:
+    """The memory maps of the .bin files behind a megatron-core dataset (GPTDataset or a
+    BlendedDataset of them): IndexedDataset.bin_reader._bin_buffer_mmap (a numpy memmap)
+    ._mmap, megatron-core 0.16's _MMapBinReader. Empty with megatron's file reader."""
+    out, seen, todo = [], set(), [ds]
+    while todo:
+        d = todo.pop()
+        if d is None or id(d) in seen:
+            continue
+        seen.add(id(d))
+        todo.extend(getattr(d, "datasets", None) or [])  # a blend's parts
+        todo.append(getattr(d, "dataset", None))  # GPTDataset -> IndexedDataset
+        reader = getattr(d, "bin_reader", None)
+        memmap = getattr(reader, "_bin_buffer_mmap", None)
+        m = getattr(memmap, "_mmap", None)
+        if isinstance(m, mmap.mmap):
+            out.append(m)
+    return out
 
-    def __init__(self, inner: torch.utils.data.Dataset, seq_len: int, prefixes: list[Prefix]) -> None:
+
+def advise_random(ds: Any) -> int:
+    """madvise(MADV_RANDOM) on every .bin mapping of `ds`: a page fault reads that page only,
+    not the kernel's read-ahead window around it. Returns the number of mappings advised."""
+    maps = bin_mappings(ds)
+    for m in maps:
+        m.madvise(mmap.MADV_RANDOM)
+    return len(maps)
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """megatron-core samples as {"input_ids", "labels"}; labels of masked positions are -100.
+
+    With read_mode "random" the .bin mappings get MADV_RANDOM in each process that reads
+    (a DataLoader worker inherits the advice by fork; a spawned one re-maps, so the advice
+    is applied at its first read)."""
+
+    def __init__(self, inner: torch.utils.data.Dataset, seq_len: int, prefixes: list[Prefix],
+                 read_mode: str = "random") -> None:
         self.inner = inner
         self.seq_len = seq_len
         self.prefixes = prefixes
+        self.read_mode = read_mode
+        self._advised_in: int | None = None  # the pid whose mappings were advised
+        self._advise()
+
+    def _advise(self) -> None:
+        if self.read_mode == "random":
+            advise_random(self.inner)
+        self._advised_in = os.getpid()
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if self._advised_in != os.getpid():
+            self._advise()
         item = self.inner[int(i)]
         labels = item["labels"].clone()
         labels[item["loss_mask"] == 0] = -100
@@ -435,7 +480,7 @@ def build_datasets(data: DataConfig, seq_len: int, seed: int, train_samples: int
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
-        mmap_bin_files=True,
+        mmap_bin_files=data.read_mode != "file",
     )
     sizes = [train_samples, valid_samples if valid_paths else None, None]
 
@@ -451,8 +496,8 @@ def build_datasets(data: DataConfig, seq_len: int, seed: int, train_samples: int
     log.info("train: %d samples of %d tokens from %d prefixes (%d tokens)%s", len(train), seq_len,
              len(train_paths), sum(p.tokens for p in train_prefixes),
              f"; valid: {len(valid)} samples from {len(valid_paths)} prefixes" if valid is not None else "")
-    return (TokenDataset(train, seq_len, train_prefixes),
-            TokenDataset(valid, seq_len, valid_prefixes) if valid is not None else None)
+    return (TokenDataset(train, seq_len, train_prefixes, data.read_mode),
+            TokenDataset(valid, seq_len, valid_prefixes, data.read_mode) if valid is not None else None)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -516,6 +561,8 @@ __all__ = [
     "DataError",
     "GlobalBatchSampler",
     "TokenDataset",
+    "advise_random",
+    "bin_mappings",
     "build_datasets",
     "check_prefix",
     "make_loader",

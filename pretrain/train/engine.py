@@ -1,7 +1,8 @@
 """DeepSpeed set-up: the engine, its optimizer, precision and ZeRO, from our one config.
 
 DeepSpeed owns the step: BF16 (or FP32) compute, gradient accumulation in FP32, FP32
-all-reduce, ZeRO 1/2, clipping, AdamW and the LR scheduler. Its config is generated from
+all-reduce, ZeRO 1/2, clipping, AdamW and the LR scheduler. The AdamW is DeepSpeed's
+FusedAdam on CUDA and torch's fused AdamW (a client optimizer) on CPU; see `optimizer_impl`. Its config is generated from
 ours (`deepspeed_config`), so batch sizes cannot disagree; `train.deepspeed` merges extra
 keys over it for advanced users. The loop that drives the engine is pretrain/train/trainer.py.
 """
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from pretrain.config import Config, deep_merge
+from pretrain.config import Config, ConfigError, deep_merge
 from pretrain.config_checks import grad_accum_steps
 from pretrain.model.transformer import Transformer
 from pretrain.train.schedule import make_scheduler
@@ -26,28 +27,69 @@ def deepspeed_config(cfg: Config, world_size: int, device: torch.device) -> dict
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": o.grad_clip,
-        "optimizer": {
+        "zero_optimization": {"stage": t.zero_stage},
+        "steps_per_print": 2**31 - 1,  # we log; DeepSpeed's own step lines stay quiet
+        "wall_clock_breakdown": False,
+    }
+    if optimizer_impl(cfg, device) == "deepspeed":
+        ds["optimizer"] = {
             "type": "AdamW",
             "params": {
                 "lr": o.lr,
                 "betas": list(o.betas),
                 "eps": o.eps,
                 "weight_decay": o.weight_decay,
-                # On CPU: torch's AdamW instead of a ~70 s JIT-compiled CPU Adam; on
-                # CUDA DeepSpeed's fused Adam.
+                # On CUDA DeepSpeed's FusedAdam; elsewhere torch's (single-tensor) AdamW
+                # instead of a ~70 s JIT-compiled CPU Adam.
                 "torch_adam": device.type != "cuda",
             },
-        },
-        "zero_optimization": {"stage": t.zero_stage},
-        "steps_per_print": 2**31 - 1,  # we log; DeepSpeed's own step lines stay quiet
-        "wall_clock_breakdown": False,
-    }
+        }
     if t.precision == "bf16":
         ds["bf16"] = {"enabled": True}
         # The paper: forward/backward in BF16, gradient accumulation and reductions in FP32.
         ds["data_types"] = {"grad_accum_dtype": t.grad_accum_dtype}
         ds["communication_data_type"] = "fp32"
     return deep_merge(ds, t.deepspeed)
+
+
+def _torch_fused_supported(device: torch.device) -> bool:
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    return device.type in _get_fused_kernels_supported_devices()
+
+
+def optimizer_impl(cfg: Config, device: torch.device) -> str:
+    """Which AdamW runs the step on `device`: "deepspeed", "fused" or "foreach" (optim.impl
+    resolved). "auto": DeepSpeed's FusedAdam on CUDA (one multi-tensor kernel, as fast as
+    torch's fused there, and what the GPU plan models); torch's fused AdamW elsewhere when
+    the device has the kernel (CPU: ~5x the single-tensor loop, docs/performance.md), else
+    torch's foreach AdamW. A user's own `train.deepspeed.optimizer` block always wins."""
+    impl = cfg.optim.impl
+    if "optimizer" in cfg.train.deepspeed:
+        return "deepspeed"
+    if impl == "auto":
+        if device.type == "cuda":
+            return "deepspeed"
+        return "fused" if _torch_fused_supported(device) else "foreach"
+    if impl == "fused" and not _torch_fused_supported(device):
+        raise ConfigError(f"optim.impl=fused: torch has no fused AdamW for {device.type}; use auto or foreach")
+    return impl
+
+
+def build_optimizer(cfg: Config, model: Transformer, device: torch.device) -> torch.optim.Optimizer | None:
+    """The client optimizer handed to DeepSpeed (None: DeepSpeed builds its own from the config).
+
+    DeepSpeed wraps any torch optimizer the same way as its own: under bf16 + ZeRO-1
+    (BF16_Optimizer) and ZeRO-1/2 (DeepSpeedZeroOptimizer) it replaces the groups' params
+    with the rank's flat fp32 master partition, so the fused kernel steps one tensor per group.
+    """
+    impl = optimizer_impl(cfg, device)
+    if impl == "deepspeed":
+        return None
+    o = cfg.optim
+    return torch.optim.AdamW(param_groups(model, cfg), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                             weight_decay=o.weight_decay, fused=impl == "fused",
+                             foreach=impl == "foreach")
 
 
 def param_groups(model: Transformer, cfg: Config) -> list[dict[str, Any]]:
@@ -90,6 +132,7 @@ def build_engine(cfg: Config, world_size: int, device: torch.device):
     model.gradient_checkpointing = resolve_activation_checkpointing(cfg, world_size, device)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
+        optimizer=build_optimizer(cfg, model, device),
         model_parameters=param_groups(model, cfg),
         config=deepspeed_config(cfg, world_size, device),
         lr_scheduler=lambda opt: make_scheduler(opt, cfg.optim.lr, cfg.schedule, t.train_iters),
@@ -100,4 +143,4 @@ def build_engine(cfg: Config, world_size: int, device: torch.device):
     return engine
 
 
-__all__ = ["build_engine", "deepspeed_config", "param_groups"]
+__all__ = ["build_engine", "build_optimizer", "deepspeed_config", "optimizer_impl", "param_groups"]
