@@ -118,14 +118,22 @@ class ModelConfig:
             f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={self.n_kv_heads}; "
             f"use a divisor of n_heads (e.g. {self.n_heads} for MHA, or 1 for multi-query)",
         )
-        need(self.block in ("sequential", "parallel"),
-             f"model.block={self.block!r} is unknown; use 'sequential' (Llama) or 'parallel' (Pythia)")
-        need(self.norm in ("rmsnorm", "layernorm"),
-             f"model.norm={self.norm!r} is unknown; use 'rmsnorm' or 'layernorm'")
-        need(self.mlp in ("swiglu", "gelu"),
-             f"model.mlp={self.mlp!r} is unknown; use 'swiglu' or 'gelu'")
-        need(self.init in ("normal", "scaled_normal", "small_init"),
-             f"model.init={self.init!r} is unknown; use 'normal', 'scaled_normal' or 'small_init'")
+        need(
+            self.block in ("sequential", "parallel"),
+            f"model.block={self.block!r} is unknown; use 'sequential' (Llama) or 'parallel' (Pythia)",
+        )
+        need(
+            self.norm in ("rmsnorm", "layernorm"),
+            f"model.norm={self.norm!r} is unknown; use 'rmsnorm' or 'layernorm'",
+        )
+        need(
+            self.mlp in ("swiglu", "gelu"),
+            f"model.mlp={self.mlp!r} is unknown; use 'swiglu' or 'gelu'",
+        )
+        need(
+            self.init in ("normal", "scaled_normal", "small_init"),
+            f"model.init={self.init!r} is unknown; use 'normal', 'scaled_normal' or 'small_init'",
+        )
         need(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
         need(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         need(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be a positive number")
@@ -326,9 +334,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(
                 f"{errors[0]} (or null)" if type(None) in args else str(errors[0])
             ) from None
-        raise ConfigError(
-            f"{key}={value!r} has the wrong type; expected {_type_name(tp)}"
-        )
+        raise ConfigError(f"{key}={value!r} has the wrong type; expected {_type_name(tp)}")
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
@@ -343,7 +349,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise ConfigError(f"{key}={value!r} must have {len(args)} items")
-            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+            return tuple(
+                _coerce(v, a, f"{key}[{i}]")
+                for i, (v, a) in enumerate(zip(value, args, strict=True))
+            )
         inner = args[0] if args else Any
         items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items

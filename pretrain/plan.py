@@ -1191,7 +1191,9 @@ def paper_plan(
                 "gpus": {k: {"name": g.name, "gib": round(g.gib, 2)} for k, g in GPUS.items()},
                 "reserve": "2 GiB + 5% of the GPU",
             }
-            atomic_write(out, json.dumps({"meta": meta, "runs": rows}, indent=1) + "\n", fsync=False)
+            atomic_write(
+                out, json.dumps({"meta": meta, "runs": rows}, indent=1) + "\n", fsync=False
+            )
     return rows
 
 

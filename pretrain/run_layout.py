@@ -33,6 +33,7 @@ RNG_DIR = "rng"  # in a checkpoint folder: one file of RNG states per rank
 TMP_SUFFIX = ".tmp"  # a checkpoint folder being written
 DELETING_SUFFIX = ".deleting"  # a checkpoint folder being removed
 
+
 class CheckpointSaveError(RuntimeError):
     """Writing a checkpoint failed (disk full, quota, I/O error); the previous one is intact."""
 
@@ -75,7 +76,11 @@ class RunLayout:
 
     @property
     def checkpoints(self) -> Path:
-        return Path(self.checkpoints_override) if self.checkpoints_override else self.root / CHECKPOINTS_DIR
+        return (
+            Path(self.checkpoints_override)
+            if self.checkpoints_override
+            else self.root / CHECKPOINTS_DIR
+        )
 
     @property
     def latest(self) -> Path:
@@ -220,5 +225,8 @@ def check_file(folder: Path, rel: str, want: dict, checksum: bool = True) -> str
 
 def checkpoint_files(folder: Path) -> list[str]:
     """Every file of a checkpoint folder except its marker, as sorted relative paths."""
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                  if p.is_file() and p.name != STATE_FILE)
+    return sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != STATE_FILE
+    )

@@ -95,8 +95,10 @@ class Slurm:
 
     def lines(self, job_name: str) -> list[str]:
         if self.signal_margin_s >= time_limit_s(self.time):
-            raise ValueError(f"Slurm signal_margin_s={self.signal_margin_s} is not below the time limit "
-                             f"{self.time}: the job would be told to stop as it starts")
+            raise ValueError(
+                f"Slurm signal_margin_s={self.signal_margin_s} is not below the time limit "
+                f"{self.time}: the job would be told to stop as it starts"
+            )
         tasks = self.ntasks_per_node or self.gpus_per_node or 1
         opts = [f"--job-name={job_name}", f"--nodes={self.nodes}", f"--ntasks-per-node={tasks}"]
         if self.gpus_per_node:
@@ -195,29 +197,84 @@ def paper_runs() -> list[Run]:
     """Every run of the paper, in the order of its tables."""
     runs: list[Run] = []
     for p in FRACTIONS_LLAMA:  # the main sweep
-        runs.append(Run(f"llama1b_rope{p}", f"Llama-1B, {_rope_desc(p)}, seq 2048, FineWeb",
-                        "llama1b", p, "fineweb"))
+        runs.append(
+            Run(
+                f"llama1b_rope{p}",
+                f"Llama-1B, {_rope_desc(p)}, seq 2048, FineWeb",
+                "llama1b",
+                p,
+                "fineweb",
+            )
+        )
     for seq in (1024, 4096, 8192):  # sequence length
         for p in FRACTIONS_LLAMA:
-            runs.append(Run(f"llama1b_seq{seq}_rope{p}",
-                            f"Llama-1B, {_rope_desc(p)}, seq {seq}, FineWeb", "llama1b", p,
-                            "fineweb", seq_len=seq, micro_batch=MICRO_BATCH_1B[seq]))
-    runs.append(Run("llama1b_seq8192_rope0_qknorm", "Llama-1B, NoPE + QK-Norm, seq 8192, FineWeb",
-                    "llama1b", 0, "fineweb", seq_len=8192, micro_batch=MICRO_BATCH_1B[8192],
-                    qk_norm=True))
+            runs.append(
+                Run(
+                    f"llama1b_seq{seq}_rope{p}",
+                    f"Llama-1B, {_rope_desc(p)}, seq {seq}, FineWeb",
+                    "llama1b",
+                    p,
+                    "fineweb",
+                    seq_len=seq,
+                    micro_batch=MICRO_BATCH_1B[seq],
+                )
+            )
+    runs.append(
+        Run(
+            "llama1b_seq8192_rope0_qknorm",
+            "Llama-1B, NoPE + QK-Norm, seq 8192, FineWeb",
+            "llama1b",
+            0,
+            "fineweb",
+            seq_len=8192,
+            micro_batch=MICRO_BATCH_1B[8192],
+            qk_norm=True,
+        )
+    )
     for p in FRACTIONS_LLAMA:  # data quality
-        runs.append(Run(f"llama1b_edu_rope{p}", f"Llama-1B, {_rope_desc(p)}, seq 2048, FineWeb-Edu",
-                        "llama1b", p, "fineweb-edu"))
+        runs.append(
+            Run(
+                f"llama1b_edu_rope{p}",
+                f"Llama-1B, {_rope_desc(p)}, seq 2048, FineWeb-Edu",
+                "llama1b",
+                p,
+                "fineweb-edu",
+            )
+        )
     for p in FRACTIONS_PYTHIA:  # architecture: parallel block, MHA with head_dim 256
-        runs.append(Run(f"pythia1b_rope{p}", f"Pythia-1B, {_rope_desc(p)}, seq 2048, FineWeb-Edu",
-                        "pythia1b_paper", p, "fineweb-edu"))
-    runs.append(Run("pythia1b_rope0_qknorm", "Pythia-1B, NoPE + QK-Norm, seq 2048, FineWeb-Edu",
-                    "pythia1b_paper", 0, "fineweb-edu", qk_norm=True))
+        runs.append(
+            Run(
+                f"pythia1b_rope{p}",
+                f"Pythia-1B, {_rope_desc(p)}, seq 2048, FineWeb-Edu",
+                "pythia1b_paper",
+                p,
+                "fineweb-edu",
+            )
+        )
+    runs.append(
+        Run(
+            "pythia1b_rope0_qknorm",
+            "Pythia-1B, NoPE + QK-Norm, seq 2048, FineWeb-Edu",
+            "pythia1b_paper",
+            0,
+            "fineweb-edu",
+            qk_norm=True,
+        )
+    )
     slurm_8b = Slurm(time="48:00:00", signal_margin_s=900)  # bigger checkpoints: more margin
     for p in FRACTIONS_LLAMA8B:  # scale: micro batch 4 x 32 accumulation x 32 GPUs = 4096
-        runs.append(Run(f"llama8b_rope{p}", f"Llama-8B, {_rope_desc(p)}, seq 2048, FineWeb",
-                        "llama8b", p, "fineweb", micro_batch=4, grad_accum_dtype="bf16",
-                        slurm=slurm_8b))
+        runs.append(
+            Run(
+                f"llama8b_rope{p}",
+                f"Llama-8B, {_rope_desc(p)}, seq 2048, FineWeb",
+                "llama8b",
+                p,
+                "fineweb",
+                micro_batch=4,
+                grad_accum_dtype="bf16",
+                slurm=slurm_8b,
+            )
+        )
     return runs
 
 
@@ -236,23 +293,37 @@ def config_dict(run: Run) -> dict[str, Any]:
         "inherit": {"model": f"../models/{run.preset}.yaml"},
         "model": model,
         "data": dict(DATA[run.dataset]),
-        "optim": {"lr": 4.0e-4, "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1,
-                  "grad_clip": 1.0},
+        "optim": {
+            "lr": 4.0e-4,
+            "betas": [0.9, 0.95],
+            "eps": 1.0e-8,
+            "weight_decay": 0.1,
+            "grad_clip": 1.0,
+        },
         "schedule": {"kind": "cosine", "warmup_fraction": 0.05, "min_lr_ratio": 0.1},
-        "train": {"train_iters": run.budget.train_iters,
-                  "global_batch_size": run.global_batch_size,
-                  "micro_batch_size": run.micro_batch, "seq_len": run.seq_len,
-                  "precision": "bf16", "grad_accum_dtype": run.grad_accum_dtype, "zero_stage": 1,
-                  "seed": 1234, "eval_interval": 2000, "eval_iters": 10,
-                  "activation_checkpointing": True},
+        "train": {
+            "train_iters": run.budget.train_iters,
+            "global_batch_size": run.global_batch_size,
+            "micro_batch_size": run.micro_batch,
+            "seq_len": run.seq_len,
+            "precision": "bf16",
+            "grad_accum_dtype": run.grad_accum_dtype,
+            "zero_stage": 1,
+            "seed": 1234,
+            "eval_interval": 2000,
+            "eval_iters": 10,
+            "activation_checkpointing": True,
+        },
         "checkpoint": {"interval": 500, "keep_last": 2},
         "logging": {"run_dir": run.run_dir},
     }
 
 
 def render_config(run: Run) -> str:
-    header = (f"# {run.name}: {run.description}.\n# {GENERATED}\n"
-              f"# Train: sbatch {run.script_path}   (or: deepspeed pretrain/main.py --config {run.config_path})\n")
+    header = (
+        f"# {run.name}: {run.description}.\n# {GENERATED}\n"
+        f"# Train: sbatch {run.script_path}   (or: deepspeed pretrain/main.py --config {run.config_path})\n"
+    )
     return header + yaml.dump(config_dict(run), Dumper=_Dumper, sort_keys=False, width=100)
 
 
@@ -261,23 +332,27 @@ class _Dumper(yaml.SafeDumper):
 
 
 _Dumper.add_representer(
-    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
+    list,
+    lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True),
+)
 
 
 def render_job_script(run: Run, config_path: str | None = None) -> str:
     """The sbatch script: a header, then the shared launcher with the run's config."""
     config_path = config_path or run.config_path
-    return "\n".join([
-        "#!/bin/bash",
-        f"# {run.name}: {run.description}.",
-        f"# {GENERATED}",
-        f"# Submit from the repository root: sbatch {run.script_path} [--set key=value ...]",
-        "# (or slurm/submit.sh to chain the evaluation); adapt the header: docs/slurm.md.",
-        *run.slurm.lines(run.name),
-        "",
-        f'exec slurm/launch.sh {config_path} "$@"',
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# {run.name}: {run.description}.",
+            f"# {GENERATED}",
+            f"# Submit from the repository root: sbatch {run.script_path} [--set key=value ...]",
+            "# (or slurm/submit.sh to chain the evaluation); adapt the header: docs/slurm.md.",
+            *run.slurm.lines(run.name),
+            "",
+            f'exec slurm/launch.sh {config_path} "$@"',
+            "",
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- budget table
@@ -295,8 +370,16 @@ def budget_warnings(runs: list[Run] | None = None) -> list[str]:
     ]
 
 
-TABLE_COLUMNS = ("run", "seq len", "global batch", "micro batch", "accum", "tokens/step",
-                 "total tokens", "nodes x GPUs")
+TABLE_COLUMNS = (
+    "run",
+    "seq len",
+    "global batch",
+    "micro batch",
+    "accum",
+    "tokens/step",
+    "total tokens",
+    "nodes x GPUs",
+)
 
 
 def table_rows(runs: list[Run] | None = None) -> list[tuple[str, ...]]:
@@ -304,23 +387,38 @@ def table_rows(runs: list[Run] | None = None) -> list[tuple[str, ...]]:
     rows = []
     for r in runs or paper_runs():
         gpus = r.slurm.ntasks_per_node or r.slurm.gpus_per_node or 1
-        rows.append((r.name, str(r.seq_len), f"{r.global_batch_size:,}", str(r.micro_batch),
-                     str(r.grad_accum), f"{r.tokens_per_step:,}", f"{r.total_tokens / 1e9:.1f}B",
-                     f"{r.slurm.nodes} x {gpus}"))
+        rows.append(
+            (
+                r.name,
+                str(r.seq_len),
+                f"{r.global_batch_size:,}",
+                str(r.micro_batch),
+                str(r.grad_accum),
+                f"{r.tokens_per_step:,}",
+                f"{r.total_tokens / 1e9:.1f}B",
+                f"{r.slurm.nodes} x {gpus}",
+            )
+        )
     return rows
 
 
 def format_table(runs: list[Run] | None = None, markdown: bool = False) -> str:
     rows = table_rows(runs)
     if markdown:
-        lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
-                 "|" + "|".join("---" if i == 0 else "---:" for i in range(len(TABLE_COLUMNS))) + "|"]
+        lines = [
+            "| " + " | ".join(TABLE_COLUMNS) + " |",
+            "|" + "|".join("---" if i == 0 else "---:" for i in range(len(TABLE_COLUMNS))) + "|",
+        ]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         return "\n".join(lines)
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(TABLE_COLUMNS)]
+
     def fmt(row: tuple[str, ...]) -> str:
-        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                         for i, (v, w) in enumerate(zip(row, widths, strict=True)))
+        return "  ".join(
+            v.ljust(w) if i == 0 else v.rjust(w)
+            for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        )
+
     return "\n".join([fmt(TABLE_COLUMNS), *(fmt(row) for row in rows)])
 
 
@@ -331,8 +429,11 @@ def format_table(runs: list[Run] | None = None, markdown: bool = False) -> str:
 # seeds are given on the command line (docs/training.md).
 THETAS = (500, 1000, 5000, 10000, 20000, 50000)
 # corpus -> (prepared folder, character vocabulary of its recipe)
-CHAR_DATA = {"shakespeare": ("data/shakespeare_char", 65), "enwik8": ("data/enwik8", 6064),
-             "text8": ("data/text8", 27)}
+CHAR_DATA = {
+    "shakespeare": ("data/shakespeare_char", 65),
+    "enwik8": ("data/enwik8", 6064),
+    "text8": ("data/text8", 27),
+}
 
 
 def char_configs() -> dict[str, dict[str, Any]]:
@@ -345,11 +446,27 @@ def char_configs() -> dict[str, dict[str, Any]]:
                 "inherit": {"model": "../models/gpt_char.yaml"},
                 "model": {"vocab_size": vocab, "rope_theta": theta},
                 "data": {"train": [folder], "valid": [folder]},
-                "optim": {"lr": 1.0e-3, "betas": [0.9, 0.99], "weight_decay": 0.1, "grad_clip": 1.0},
-                "schedule": {"kind": "cosine", "warmup_steps": 100, "warmup_fraction": None,
-                             "min_lr_ratio": 0.1},
-                "train": {"train_iters": 5000, "global_batch_size": 64, "micro_batch_size": 64,
-                          "seq_len": 256, "seed": 1337, "eval_interval": 250, "eval_iters": 200},
+                "optim": {
+                    "lr": 1.0e-3,
+                    "betas": [0.9, 0.99],
+                    "weight_decay": 0.1,
+                    "grad_clip": 1.0,
+                },
+                "schedule": {
+                    "kind": "cosine",
+                    "warmup_steps": 100,
+                    "warmup_fraction": None,
+                    "min_lr_ratio": 0.1,
+                },
+                "train": {
+                    "train_iters": 5000,
+                    "global_batch_size": 64,
+                    "micro_batch_size": 64,
+                    "seq_len": 256,
+                    "seed": 1337,
+                    "eval_interval": 250,
+                    "eval_iters": 200,
+                },
                 "checkpoint": {"interval": 1000, "keep_last": 1},
                 "logging": {"run_dir": f"runs/char/{name}", "log_interval": 50},
             }
@@ -357,9 +474,21 @@ def char_configs() -> dict[str, dict[str, Any]]:
         "inherit": {"model": "../models/nanogpt_rope.yaml"},
         "data": {"train": ["data/enwik8"], "valid": ["data/enwik8"]},
         "optim": {"lr": 6.0e-4, "betas": [0.9, 0.95], "weight_decay": 0.1, "grad_clip": 1.0},
-        "schedule": {"kind": "cosine", "warmup_steps": 200, "warmup_fraction": None, "min_lr_ratio": 0.1},
-        "train": {"train_iters": 20000, "global_batch_size": 32, "micro_batch_size": 32,
-                  "seq_len": 1024, "seed": 1337, "eval_interval": 1000, "eval_iters": 100},
+        "schedule": {
+            "kind": "cosine",
+            "warmup_steps": 200,
+            "warmup_fraction": None,
+            "min_lr_ratio": 0.1,
+        },
+        "train": {
+            "train_iters": 20000,
+            "global_batch_size": 32,
+            "micro_batch_size": 32,
+            "seq_len": 1024,
+            "seed": 1337,
+            "eval_interval": 1000,
+            "eval_iters": 100,
+        },
         "checkpoint": {"interval": 1000, "keep_last": 2},
         "logging": {"run_dir": "runs/char/nanogpt_rope_enwik8", "log_interval": 50},
     }
@@ -367,9 +496,11 @@ def char_configs() -> dict[str, dict[str, Any]]:
 
 
 def render_char_config(name: str, config: dict[str, Any]) -> str:
-    header = (f"# {name}: character-level study run. {GENERATED}\n"
-              f"# python pretrain/main.py --config configs/char/{name}.yaml "
-              f"[--set train.seed=S --set logging.run_dir=runs/char/{name}_sS]\n")
+    header = (
+        f"# {name}: character-level study run. {GENERATED}\n"
+        f"# python pretrain/main.py --config configs/char/{name}.yaml "
+        f"[--set train.seed=S --set logging.run_dir=runs/char/{name}_sS]\n"
+    )
     return header + yaml.dump(config, Dumper=_Dumper, sort_keys=False, width=100)
 
 
@@ -389,8 +520,9 @@ def stale_files(repo: Path, runs: list[Run] | None = None) -> list[str]:
     """Generated files that are missing or differ from the grid, plus configs/paper/*.yaml and
     job scripts that the grid no longer knows (left over from a renamed run)."""
     want = generated_files(runs)
-    bad = [p for p, text in want.items()
-           if not (repo / p).is_file() or (repo / p).read_text() != text]
+    bad = [
+        p for p, text in want.items() if not (repo / p).is_file() or (repo / p).read_text() != text
+    ]
     owned = sorted((repo / "configs" / "paper").glob("*.yaml"))
     if runs is None:
         owned += sorted((repo / "configs" / "char").glob("*.yaml"))
@@ -437,7 +569,24 @@ def with_slurm(run: Run, **changes: Any) -> Run:
     return replace(run, slurm=replace(run.slurm, **changes))
 
 
-__all__ = ["DATA", "GENERATED", "PAPER_BUDGET", "Budget", "Run", "Slurm", "budget_warnings",
-           "char_configs", "check_configs", "config_dict", "format_table", "generated_files",
-           "paper_runs", "render_config", "render_job_script", "run_dir_of", "stale_files",
-           "with_slurm", "write_files"]
+__all__ = [
+    "DATA",
+    "GENERATED",
+    "PAPER_BUDGET",
+    "Budget",
+    "Run",
+    "Slurm",
+    "budget_warnings",
+    "char_configs",
+    "check_configs",
+    "config_dict",
+    "format_table",
+    "generated_files",
+    "paper_runs",
+    "render_config",
+    "render_job_script",
+    "run_dir_of",
+    "stale_files",
+    "with_slurm",
+    "write_files",
+]

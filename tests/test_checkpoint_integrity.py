@@ -25,8 +25,10 @@ def _copy_run(base, dest):
 
 
 def _largest_file(folder):
-    return max((p for p in folder.rglob("*") if p.is_file() and p.name != STATE_FILE),
-               key=lambda p: p.stat().st_size)
+    return max(
+        (p for p in folder.rglob("*") if p.is_file() and p.name != STATE_FILE),
+        key=lambda p: p.stat().st_size,
+    )
 
 
 def _truncate(folder):
@@ -53,16 +55,20 @@ def test_marker_records_every_file(tmp_path_factory):
     _, base = baseline_run(tmp_path_factory)
     folder = base / "checkpoints" / "step_0000008"
     files = json.loads((folder / STATE_FILE).read_text())["files"]
-    on_disk = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                     if p.is_file() and p.name != STATE_FILE)
+    on_disk = sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != STATE_FILE
+    )
     assert sorted(files) == on_disk and "model.safetensors" in files
     for rel, rec in files.items():  # the recorded CRC-32 is zlib's of the bytes on disk
         assert rec == {"size": (folder / rel).stat().st_size, "crc32": crc32_file(folder / rel)}
     assert verify_checkpoint(folder) == []
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_byte, _cut_marker],
-                         ids=["truncated", "corrupted", "marker_cut"])
+@pytest.mark.parametrize(
+    "damage", [_truncate, _flip_byte, _cut_marker], ids=["truncated", "corrupted", "marker_cut"]
+)
 def test_damaged_newest_checkpoint_falls_back_and_matches(tmp_path_factory, tmp_path, damage):
     """Damage step 8 of a finished run; the same command warns, resumes from step 6 and trains
     steps 7 and 8 to the uninterrupted run's losses."""
@@ -81,8 +87,12 @@ def test_damaged_newest_checkpoint_falls_back_and_matches(tmp_path_factory, tmp_
     for step in (7, 8):
         assert mr[step]["train/loss"] == mb[step]["train/loss"], step
     # The offline check agrees, before and after.
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "check_checkpoint.py"), str(run)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "check_checkpoint.py"), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "a resume takes: step_0000008" in out.stdout, out.stdout
 
 
@@ -92,14 +102,20 @@ def test_no_intact_checkpoint_is_one_clear_line(tmp_path_factory, tmp_path):
     cfg = _copy_run(base, run)
     for tag in complete_tags(run / "checkpoints"):
         _truncate(run / "checkpoints" / tag)
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "check_checkpoint.py"), str(run)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "check_checkpoint.py"), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and out.stdout.count("DAMAGED") == 2
     assert "a resume takes: none" in out.stdout
     r = run_main(cfg)
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("checkpoint error: no intact checkpoint in"), r.stderr
+    assert len(err) == 1 and err[0].startswith("checkpoint error: no intact checkpoint in"), (
+        r.stderr
+    )
     assert "checkpoint.resume=false" in err[0]
 
 
@@ -108,17 +124,33 @@ def test_evaluation_refuses_damaged_weights_with_one_line(tmp_path_factory, tmp_
     run = tmp_path / "run"
     _copy_run(base, run)
     _flip_byte(run / "checkpoints" / "step_0000008")
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "evaluate.py"), "--run", str(run),
-                          "--tasks", "none", "--val"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "evaluate.py"),
+            "--run",
+            str(run),
+            "--tasks",
+            "none",
+            "--val",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and "model.safetensors does not match its checksum" in err[0], out.stderr
 
 
 def _short_config(tmp_path, data, name):
-    cfg = tiny_config(tmp_path / name, data, train={"train_iters": 4, "eval_interval": 0},
-                      checkpoint={"interval": 2, "keep_last": 2},
-                      logging={"max_logit_interval": 0})
+    cfg = tiny_config(
+        tmp_path / name,
+        data,
+        train={"train_iters": 4, "eval_interval": 0},
+        checkpoint={"interval": 2, "keep_last": 2},
+        logging={"max_logit_interval": 0},
+    )
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
 
@@ -149,7 +181,9 @@ def test_kill_during_a_save_leaves_a_resumable_run(short_baseline, tmp_path, poi
     assert r.returncode == 0, (point, r.stdout[-3000:] + r.stderr[-3000:])
     assert "(step 2," in r.stdout, point  # `latest` still names step 2 in every case
     mb, mr = metrics(base), metrics(tmp_path / point)
-    assert [mr[s]["train/loss"] for s in (1, 2, 3, 4)] == [mb[s]["train/loss"] for s in (1, 2, 3, 4)]
+    assert [mr[s]["train/loss"] for s in (1, 2, 3, 4)] == [
+        mb[s]["train/loss"] for s in (1, 2, 3, 4)
+    ]
     assert complete_tags(tmp_path / point / "checkpoints") == ["step_0000002", "step_0000004"]
 
 
@@ -167,8 +201,15 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(short_baseline, t
 
     from train_support import child_env, launch_cmd
 
-    r = subprocess.run(launch_cmd(cfg), cwd=REPO, env=child_env(), capture_output=True,
-                       text=True, timeout=240, preexec_fn=small_disk)
+    r = subprocess.run(
+        launch_cmd(cfg),
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=small_disk,
+    )
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     err = r.stderr.strip().splitlines()
     assert err[-1].startswith("error: saving checkpoint step_0000004 failed (")

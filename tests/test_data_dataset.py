@@ -24,10 +24,23 @@ SEQ = 64
 def corpora(tmp_path_factory) -> dict[str, Path]:
     """Byte-level: Tiny Shakespeare paragraphs (4 shards + valid) and FineWeb-Edu documents."""
     root = tmp_path_factory.mktemp("corpora")
-    prepare(root / "shakespeare", "bytes", inputs=[str(shared_path("tinyshakespeare.txt"))], txt_mode="paragraph",
-            valid_fraction=0.1, shard_tokens=250_000, workers=1, progress=False)
-    prepare(root / "edu", "bytes", inputs=[str(shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl"))],
-            workers=1, progress=False)
+    prepare(
+        root / "shakespeare",
+        "bytes",
+        inputs=[str(shared_path("tinyshakespeare.txt"))],
+        txt_mode="paragraph",
+        valid_fraction=0.1,
+        shard_tokens=250_000,
+        workers=1,
+        progress=False,
+    )
+    prepare(
+        root / "edu",
+        "bytes",
+        inputs=[str(shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl"))],
+        workers=1,
+        progress=False,
+    )
     return {"shakespeare": root / "shakespeare", "edu": root / "edu"}
 
 
@@ -44,7 +57,10 @@ def test_samples_are_shifted_windows_across_documents(corpora):
     crossings = 0
     for i in range(0, 500, 7):
         s = train[i]
-        assert s["input_ids"].shape == s["labels"].shape == (SEQ,) and s["input_ids"].dtype == torch.long
+        assert (
+            s["input_ids"].shape == s["labels"].shape == (SEQ,)
+            and s["input_ids"].dtype == torch.long
+        )
         assert torch.equal(s["input_ids"][1:], s["labels"][:-1])
         window = s["input_ids"].tolist() + [s["labels"][-1].item()]
         crossings += 256 in window[:-1]
@@ -87,17 +103,19 @@ def test_two_ranks_see_what_one_rank_sees_and_resume_is_exact(corpora):
     r1 = _rows(make_loader(ds, gb, mb, 1, 2, 0, num_workers=0))
     merged = []
     for g in range(len(one) // gb):  # global batch g: rank 0's half, then rank 1's half
-        merged += r0[g * gb // 2:(g + 1) * gb // 2] + r1[g * gb // 2:(g + 1) * gb // 2]
+        merged += r0[g * gb // 2 : (g + 1) * gb // 2] + r1[g * gb // 2 : (g + 1) * gb // 2]
     assert merged == one
     # Resuming after 5 global batches gives exactly the following samples, with workers too.
     resumed = _rows(make_loader(ds, gb, mb, 0, 1, consumed_samples=5 * gb, num_workers=1))
-    assert resumed == one[5 * gb:]
+    assert resumed == one[5 * gb :]
     with pytest.raises(ValueError, match="multiple of train.micro_batch_size"):
         make_loader(ds, 10, 4, 0, 2, 0, 0)
 
 
 def test_blend_weights_are_honoured(corpora):
-    data = DataConfig(train=[str(corpora["shakespeare"]), str(corpora["edu"])], train_weights=[0.25, 0.75])
+    data = DataConfig(
+        train=[str(corpora["shakespeare"]), str(corpora["edu"])], train_weights=[0.25, 0.75]
+    )
     n = 2000
     ds, _ = build_datasets(data, 128, seed=1, train_samples=n, valid_samples=0)
     shakespeare = shared_path("tinyshakespeare.txt").read_bytes()
@@ -114,7 +132,9 @@ def test_tokenizer_from_manifest_and_mismatch(corpora):
     tok = tokenizer_for_data(DataConfig(train=[str(corpora["shakespeare"])]))
     assert isinstance(tok, ByteTokenizer)
     neox = str(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json"))
-    with pytest.raises(DataError, match="tokenized with bytes:utf8.* but data.tokenizer=.*gpt-neox"):
+    with pytest.raises(
+        DataError, match="tokenized with bytes:utf8.* but data.tokenizer=.*gpt-neox"
+    ):
         tokenizer_for_data(DataConfig(train=[str(corpora["shakespeare"])], tokenizer=neox))
 
 
@@ -127,7 +147,9 @@ def _copy_prefix(src: Path, dst: Path) -> Path:
 def test_raw_megatron_prefix_and_damaged_files(corpora, tmp_path):
     shard = corpora["shakespeare"] / "train" / "shard_00000"
     good = _copy_prefix(shard, tmp_path / "neox_style_text_document")
-    data = DataConfig(train=[str(good)], tokenizer="bytes")  # data made by another tool: no manifest
+    data = DataConfig(
+        train=[str(good)], tokenizer="bytes"
+    )  # data made by another tool: no manifest
     ds, _ = build_datasets(data, SEQ, seed=1, train_samples=10, valid_samples=0)
     assert len(ds) >= 10
     with pytest.raises(DataError, match="no data.train entry has a manifest"):
@@ -181,8 +203,11 @@ def test_read_modes_return_the_same_samples(corpora):
 
     got = {}
     for mode in ("readahead", "random", "file"):
-        data = DataConfig(train=[str(corpora["shakespeare"]), str(corpora["edu"])], train_weights=[0.5, 0.5],
-                          read_mode=mode)
+        data = DataConfig(
+            train=[str(corpora["shakespeare"]), str(corpora["edu"])],
+            train_weights=[0.5, 0.5],
+            read_mode=mode,
+        )
         ds, _ = build_datasets(data, SEQ, seed=3, train_samples=256, valid_samples=0)
         maps = bin_mappings(ds.inner)
         assert len(maps) == (0 if mode == "file" else len(ds.prefixes)), (mode, len(maps))
@@ -190,7 +215,9 @@ def test_read_modes_return_the_same_samples(corpora):
             flags = _vm_flags(ds.prefixes[0].path + ".bin")
             assert flags and all(("rr" in f) == (mode == "random") for f in flags), (mode, flags)
         direct = [ds[i]["input_ids"].tolist() for i in range(256)]
-        loader = make_loader(ds, global_batch=32, micro_batch=8, dp_rank=0, dp_world=1, num_workers=2)
+        loader = make_loader(
+            ds, global_batch=32, micro_batch=8, dp_rank=0, dp_world=1, num_workers=2
+        )
         assert _rows(loader) == direct, mode
         got[mode] = direct
         del ds, maps, loader

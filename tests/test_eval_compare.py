@@ -30,8 +30,9 @@ def write_metrics(run, rows, resume_step=0):
     trainer = SimpleNamespace(is_main=True, layout=RunLayout(run), step=resume_step)
     writer.on_train_start(trainer)
     for step, scalars in rows:
-        writer.on_step_end(trainer, StepOutput(step, 0.0, None, 0.0, 0, 0.0, False, None, False,
-                                               scalars=scalars))
+        writer.on_step_end(
+            trainer, StepOutput(step, 0.0, None, 0.0, 0, 0.0, False, None, False, scalars=scalars)
+        )
     writer.on_fit_end(trainer, 0)
 
 
@@ -43,35 +44,62 @@ def make_run(root, name, seed, theta, valid_losses, arc_easy=None, lambada_ppl=N
     cfg["logging"]["run_dir"] = str(run)
     run.mkdir(parents=True)
     (run / CONFIG_FILE).write_text(yaml.safe_dump(cfg))
-    write_metrics(run, [(step, {"train/loss": loss + 0.1, "valid/loss": loss,
-                                "valid/bits_per_byte": loss / 3}) for step, loss in valid_losses])
+    write_metrics(
+        run,
+        [
+            (step, {"train/loss": loss + 0.1, "valid/loss": loss, "valid/bits_per_byte": loss / 3})
+            for step, loss in valid_losses
+        ],
+    )
     if arc_easy is not None:
         ev = run / "eval" / "step_0000100"
         ev.mkdir(parents=True)
-        results = {"results": {
-            "arc_easy": {"acc,none": arc_easy - 0.05, "acc_norm,none": arc_easy, "acc_norm_stderr,none": 0.01},
-            "lambada_openai": {"acc,none": 0.3, "perplexity,none": lambada_ppl, "perplexity_stderr,none": 1.0},
-        }}
+        results = {
+            "results": {
+                "arc_easy": {
+                    "acc,none": arc_easy - 0.05,
+                    "acc_norm,none": arc_easy,
+                    "acc_norm_stderr,none": 0.01,
+                },
+                "lambada_openai": {
+                    "acc,none": 0.3,
+                    "perplexity,none": lambada_ppl,
+                    "perplexity_stderr,none": 1.0,
+                },
+            }
+        }
         (ev / "lm_eval_results.json").write_text(json.dumps(results))
         older = run / "eval" / "step_0000050"  # an older evaluation is not the one reported
         older.mkdir(parents=True)
-        (older / "lm_eval_results.json").write_text(json.dumps({"results": {"arc_easy": {"acc_norm,none": 0.0}}}))
+        (older / "lm_eval_results.json").write_text(
+            json.dumps({"results": {"arc_easy": {"acc_norm,none": 0.0}}})
+        )
     return run
 
 
 def test_compare_groups_seeds_of_equal_configs(tmp_path, capsys):
-    a1 = make_run(tmp_path, "rope10_seed1", 1, 10000.0, [(50, 4.0), (100, 3.5), (150, 3.6)], 0.40, 20.0)
-    a2 = make_run(tmp_path, "rope10_seed2", 2, 10000.0, [(50, 4.1), (100, 3.7), (150, 3.4)], 0.44, 30.0)
+    a1 = make_run(
+        tmp_path, "rope10_seed1", 1, 10000.0, [(50, 4.0), (100, 3.5), (150, 3.6)], 0.40, 20.0
+    )
+    a2 = make_run(
+        tmp_path, "rope10_seed2", 2, 10000.0, [(50, 4.1), (100, 3.7), (150, 3.4)], 0.44, 30.0
+    )
     b1 = make_run(tmp_path, "rope500_seed1", 1, 500.0, [(50, 4.2), (100, 3.9)], 0.35, 40.0)
     cli = load_cli()
     csv_path, md_path = tmp_path / "out" / "c.csv", tmp_path / "out" / "c.md"
-    assert cli.main([str(a1), str(a2), str(b1), "--csv", str(csv_path), "--markdown", str(md_path)]) == 0
+    assert (
+        cli.main([str(a1), str(a2), str(b1), "--csv", str(csv_path), "--markdown", str(md_path)])
+        == 0
+    )
     md = md_path.read_text()
     assert "| rope10_seed1 | 1 | 3.6000 | 3.5000 |" in md  # final and best valid loss
     assert "| rope10_seed2 | 2 | 3.4000 | 3.4000 |" in md
     mean = statistics.fmean([0.40, 0.44])
     std = statistics.stdev([0.40, 0.44])
-    assert f"| rope10 | 2 | {statistics.fmean([3.6, 3.4]):.4f} ± {statistics.stdev([3.6, 3.4]):.4f} |" in md
+    assert (
+        f"| rope10 | 2 | {statistics.fmean([3.6, 3.4]):.4f} ± {statistics.stdev([3.6, 3.4]):.4f} |"
+        in md
+    )
     assert f"{mean:.4f} ± {std:.4f}" in md
     assert "| rope500 | 1 | 3.9000 |" in md
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
@@ -81,7 +109,10 @@ def test_compare_groups_seeds_of_equal_configs(tmp_path, capsys):
     assert float(groups["rope10"]["arc_easy/acc_norm_std"]) == std
     assert float(groups["rope10"]["lambada_openai/perplexity"]) == 25.0
     runs = {r["name"]: r for r in rows if r["kind"] == "run"}
-    assert runs["rope500_seed1"]["group"] == "rope500" and runs["rope500_seed1"]["arc_easy/acc_norm_std"] == ""
+    assert (
+        runs["rope500_seed1"]["group"] == "rope500"
+        and runs["rope500_seed1"]["arc_easy/acc_norm_std"] == ""
+    )
     assert runs["rope10_seed2"]["valid_bits_per_byte"] == str(3.4 / 3)
 
 
@@ -102,8 +133,13 @@ def test_welch_t_test_against_a_baseline(tmp_path, capsys):
 
     base = [3.50, 3.55, 3.47]
     other = [3.60, 3.66, 3.58]
-    runs = [make_run(tmp_path, f"theta10000_seed{i}", i, 10000.0, [(100, v)]) for i, v in enumerate(base)]
-    runs += [make_run(tmp_path, f"theta500_seed{i}", i, 500.0, [(100, v)]) for i, v in enumerate(other)]
+    runs = [
+        make_run(tmp_path, f"theta10000_seed{i}", i, 10000.0, [(100, v)])
+        for i, v in enumerate(base)
+    ]
+    runs += [
+        make_run(tmp_path, f"theta500_seed{i}", i, 500.0, [(100, v)]) for i, v in enumerate(other)
+    ]
     runs += [make_run(tmp_path, "theta50000_seed0", 0, 50000.0, [(100, 3.5)])]  # one seed: no test
     cli = load_cli()
     assert cli.main([str(r) for r in runs] + ["--baseline", "theta10000"]) == 0

@@ -42,11 +42,25 @@ def tiny_run(tmp_path_factory) -> Path:
     from pretrain.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json"))
-    texts = [json.loads(line)["text"] for line in
-             shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl").open()][:30]
-    cfg = ModelConfig(vocab_size=tok.vocab_size, n_layers=2, d_model=64, n_heads=4, d_ff=256,
-                      max_seq_len=MAX_LEN, block="parallel", norm="layernorm", norm_bias=True,
-                      mlp="gelu", attn_bias=True, mlp_bias=True, rope_fraction=0.25)
+    texts = [
+        json.loads(line)["text"]
+        for line in shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl").open()
+    ][:30]
+    cfg = ModelConfig(
+        vocab_size=tok.vocab_size,
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        d_ff=256,
+        max_seq_len=MAX_LEN,
+        block="parallel",
+        norm="layernorm",
+        norm_bias=True,
+        mlp="gelu",
+        attn_bias=True,
+        mlp_bias=True,
+        rope_fraction=0.25,
+    )
     torch.manual_seed(0)
     model = Transformer(cfg)
     ids = [i for t in texts for i in tok.encode(t) + [tok.eod_id]]
@@ -91,7 +105,9 @@ def task_instances(task: str, limit: int, tmp_path: Path) -> list:
     return t.instances
 
 
-def reference_loglikelihood(model: Transformer, tok, context: str, continuation: str) -> tuple[float, bool]:
+def reference_loglikelihood(
+    model: Transformer, tok, context: str, continuation: str
+) -> tuple[float, bool]:
     """Sum of log-probs of the continuation tokens, one forward pass per request, written
     from the harness's documented rules (trailing context spaces move to the continuation;
     an empty context is conditioned on end-of-document; keep the last max_len inputs)."""
@@ -100,11 +116,11 @@ def reference_loglikelihood(model: Transformer, tok, context: str, continuation:
         if n:
             context, continuation = context[:-n], context[-n:] + continuation
         whole = tok.encode(context + continuation)
-        cont = whole[len(tok.encode(context)):]
+        cont = whole[len(tok.encode(context)) :]
     else:
         whole = [tok.eod_id] + tok.encode(continuation)
         cont = whole[1:]
-    inp = whole[-(MAX_LEN + 1):][:-1]
+    inp = whole[-(MAX_LEN + 1) :][:-1]
     with torch.no_grad():
         logp = F.log_softmax(model(torch.tensor([inp]))[0].double(), -1)
     pos = range(len(inp) - len(cont), len(inp))
@@ -137,9 +153,14 @@ def test_loglikelihood_equals_direct_forward(tiny_run, lm):
 def test_batching_does_not_change_loglikelihoods(tiny_run, lm, tmp_path):
     from pretrain.eval.harness import PretrainLM
 
-    reqs = task_instances("pubmedqa", 4, tmp_path) + task_instances("arc_easy", 4, tmp_path) \
+    reqs = (
+        task_instances("pubmedqa", 4, tmp_path)
+        + task_instances("arc_easy", 4, tmp_path)
         + _instances("loglikelihood", REQUESTS)
-    one = PretrainLM(path=str(tiny_run), device="cpu", batch_size=1).loglikelihood(reqs, disable_tqdm=True)
+    )
+    one = PretrainLM(path=str(tiny_run), device="cpu", batch_size=1).loglikelihood(
+        reqs, disable_tqdm=True
+    )
     many = lm.loglikelihood(reqs, disable_tqdm=True)
     tight_lm = PretrainLM(path=str(tiny_run), device="cpu", batch_size=64, max_batch_tokens=300)
     tight_lm.score_chunk_rows = 3  # the output layer over a few positions at a time
@@ -154,7 +175,9 @@ def test_rolling_loglikelihood_equals_windowed_forward(tiny_run, lm):
     the max_len inputs that end just before its last token (end-of-document in front)."""
     model, _ = load_weights(tiny_run / CHECKPOINTS_DIR / step_tag(STEPS))
     texts = ["Short text.", " ".join(f"token{i}" for i in range(150))]
-    got = lm.loglikelihood_rolling(_instances("loglikelihood_rolling", [(t,) for t in texts]), disable_tqdm=True)
+    got = lm.loglikelihood_rolling(
+        _instances("loglikelihood_rolling", [(t,) for t in texts]), disable_tqdm=True
+    )
     for text, lp in zip(texts, got, strict=True):
         ids = lm.tok.encode(text)
         assert text == texts[0] or len(ids) > 2 * MAX_LEN  # the long text needs three windows
@@ -172,14 +195,18 @@ def test_rolling_loglikelihood_equals_windowed_forward(tiny_run, lm):
 def test_generate_until_is_greedy_decoding(tiny_run, lm):
     model, _ = load_weights(tiny_run / CHECKPOINTS_DIR / step_tag(STEPS))
     prompts = ["The history of science", "The history of art", "Once upon a time there was"]
-    reqs = _instances("generate_until", [(p, {"until": ["\n\n"], "max_gen_toks": 12}) for p in prompts])
+    reqs = _instances(
+        "generate_until", [(p, {"until": ["\n\n"], "max_gen_toks": 12}) for p in prompts]
+    )
     got = lm.generate_until(reqs, disable_tqdm=True)
     for prompt, text in zip(prompts, got, strict=True):
         ids = torch.tensor([lm.tok.encode(prompt)])
-        out = model.generate(ids, max_new_tokens=12, temperature=0, eos_id=lm.tok.eod_id)[0, ids.shape[1]:]
+        out = model.generate(ids, max_new_tokens=12, temperature=0, eos_id=lm.tok.eod_id)[
+            0, ids.shape[1] :
+        ]
         new = [t for t in out.tolist()]
         if lm.tok.eod_id in new:
-            new = new[:new.index(lm.tok.eod_id)]
+            new = new[: new.index(lm.tok.eod_id)]
         assert text == lm.tok.decode(new).split("\n\n")[0]
 
 
@@ -192,12 +219,18 @@ def test_hf_export_gives_the_same_loglikelihoods(tiny_run, lm, tmp_path):
 
     model, _ = load_weights(tiny_run / CHECKPOINTS_DIR / step_tag(STEPS))
     export = export_hf(model, tmp_path / "hf").path
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")),
-                                  eos_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")),
+        eos_token="<|endoftext|>",
+    )
     hf = HFLM(pretrained=str(export), tokenizer=tok, device="cpu", dtype="float32", batch_size=8)
     assert hf.max_length == lm.max_length == MAX_LEN
-    reqs = task_instances("lambada_openai", 6, tmp_path) + task_instances("piqa", 4, tmp_path) \
-        + task_instances("pubmedqa", 2, tmp_path) + _instances("loglikelihood", REQUESTS)
+    reqs = (
+        task_instances("lambada_openai", 6, tmp_path)
+        + task_instances("piqa", 4, tmp_path)
+        + task_instances("pubmedqa", 2, tmp_path)
+        + _instances("loglikelihood", REQUESTS)
+    )
     ours = lm.loglikelihood(reqs, disable_tqdm=True)
     theirs = hf.loglikelihood(reqs, disable_tqdm=True)
     for a, b in zip(ours, theirs, strict=True):
@@ -205,7 +238,9 @@ def test_hf_export_gives_the_same_loglikelihoods(tiny_run, lm, tmp_path):
         assert a[1] == b[1]
     texts = [("Short text.",), (" ".join(f"token{i}" for i in range(150)),)]
     r_ours = lm.loglikelihood_rolling(_instances("loglikelihood_rolling", texts), disable_tqdm=True)
-    r_theirs = hf.loglikelihood_rolling(_instances("loglikelihood_rolling", texts), disable_tqdm=True)
+    r_theirs = hf.loglikelihood_rolling(
+        _instances("loglikelihood_rolling", texts), disable_tqdm=True
+    )
     assert r_ours == pytest.approx(r_theirs, abs=1e-3)
 
 
@@ -215,16 +250,51 @@ def test_evaluate_offline_writes_both_tables(tiny_run, tmp_path, monkeypatch):
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
     data = shared_path("evals")
     # lambada_standard has no local copy in ../shared: it is named as missing...
-    rc = cli.main(["--run", str(tiny_run), "--data-dir", str(data), "--limit", "20", "--output", str(tmp_path / "x")])
+    rc = cli.main(
+        [
+            "--run",
+            str(tiny_run),
+            "--data-dir",
+            str(data),
+            "--limit",
+            "20",
+            "--output",
+            str(tmp_path / "x"),
+        ]
+    )
     assert rc == 2 and not (tmp_path / "x").exists()
     # ...and every other task of the suite runs through the real harness offline.
     out = tmp_path / "eval"
-    rc = cli.main(["--run", str(tiny_run), "--data-dir", str(data), "--limit", "20", "--skip-missing",
-                   "--output", str(out), "--batch-size", "32", "--bootstrap-iters", "200"])
+    rc = cli.main(
+        [
+            "--run",
+            str(tiny_run),
+            "--data-dir",
+            str(data),
+            "--limit",
+            "20",
+            "--skip-missing",
+            "--output",
+            str(out),
+            "--batch-size",
+            "32",
+            "--bootstrap-iters",
+            "200",
+        ]
+    )
     assert rc == 0
     results = json.loads((out / "lm_eval_results.json").read_text())["results"]
-    expected = {"arc_challenge", "arc_easy", "logiqa", "lambada_openai", "piqa", "sciq", "pubmedqa",
-                "winogrande", "wsc273"}
+    expected = {
+        "arc_challenge",
+        "arc_easy",
+        "logiqa",
+        "lambada_openai",
+        "piqa",
+        "sciq",
+        "pubmedqa",
+        "winogrande",
+        "wsc273",
+    }
     assert set(results) == expected
     for task, r in results.items():
         metric = "acc_norm,none" if "acc_norm,none" in r else "acc,none"
@@ -232,16 +302,32 @@ def test_evaluate_offline_writes_both_tables(tiny_run, tmp_path, monkeypatch):
     ppl = results["lambada_openai"]["perplexity,none"]
     assert math.isfinite(ppl) and ppl > 1.0
     md = (out / "results.md").read_text()
-    assert "| model | ARC-C | ARC-E | LogiQA | LAMBADA OpenAI | LAMBADA standard | PIQA | SciQ | PubMedQA | WinoGrande | WSC |" in md
+    assert (
+        "| model | ARC-C | ARC-E | LogiQA | LAMBADA OpenAI | LAMBADA standard | PIQA | SciQ | PubMedQA | WinoGrande | WSC |"
+        in md
+    )
     assert "| model | LAMBADA OpenAI ppl | LAMBADA standard ppl |" in md
-    assert f"{ppl:.4f}" in md and "--limit 20" in md and "skipped (no local data): lambada_standard" in md
+    assert (
+        f"{ppl:.4f}" in md
+        and "--limit 20" in md
+        and "skipped (no local data): lambada_standard" in md
+    )
 
 
 def test_missing_data_error_names_the_file(tiny_run, tmp_path, monkeypatch, capsys):
     cli = load_cli()
 
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
-    rc = cli.main(["--run", str(tiny_run), "--data-dir", str(shared_path("evals")), "--tasks", "piqa,lambada_standard"])
+    rc = cli.main(
+        [
+            "--run",
+            str(tiny_run),
+            "--data-dir",
+            str(shared_path("evals")),
+            "--tasks",
+            "piqa,lambada_standard",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "lambada_standard" in err and "lambada_test_plain_text.txt" in err
     assert err.count("\n") == 1  # one line, no traceback
@@ -254,9 +340,24 @@ def test_bad_input_errors_name_the_problem(tiny_run, tmp_path, capsys):
     (empty / "checkpoints").mkdir(parents=True)
     assert cli.main(["--run", str(empty), "--data-dir", str(shared_path("evals"))]) == 2
     assert "no checkpoint with weights under" in capsys.readouterr().err
-    assert cli.main(["--run", str(tiny_run), "--step", "7", "--data-dir", str(shared_path("evals"))]) == 2
+    assert (
+        cli.main(["--run", str(tiny_run), "--step", "7", "--data-dir", str(shared_path("evals"))])
+        == 2
+    )
     assert "no weights for step 7" in capsys.readouterr().err
-    assert cli.main(["--run", str(tiny_run), "--data-dir", str(shared_path("evals")), "--tasks", "hellaswagg"]) == 2
+    assert (
+        cli.main(
+            [
+                "--run",
+                str(tiny_run),
+                "--data-dir",
+                str(shared_path("evals")),
+                "--tasks",
+                "hellaswagg",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "unknown task 'hellaswagg'" in err and "arc_easy" in err
     assert cli.main(["--run", str(tiny_run), "--data-dir", str(tmp_path / "nope")]) == 2
@@ -275,18 +376,34 @@ def test_hf_llama_export_gives_the_same_loglikelihoods(tmp_path):
     tok_path = shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")
     tok = load_tokenizer(tok_path)
     torch.manual_seed(1)
-    model = Transformer(ModelConfig(vocab_size=tok.vocab_size, n_layers=2, d_model=64, n_heads=4,
-                                    n_kv_heads=2, d_ff=96, max_seq_len=64)).eval()
+    model = Transformer(
+        ModelConfig(
+            vocab_size=tok.vocab_size,
+            n_layers=2,
+            d_model=64,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=96,
+            max_seq_len=64,
+        )
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # norms and biases off their init too
     ours = PretrainLM(model=model, tokenizer=tok, batch_size=4)
-    hf = HFLM(pretrained=str(export_hf(model, tmp_path / "hf", "llama").path),
-              tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token="<|endoftext|>"),
-              device="cpu", dtype="float32", batch_size=4)
+    hf = HFLM(
+        pretrained=str(export_hf(model, tmp_path / "hf", "llama").path),
+        tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token="<|endoftext|>"),
+        device="cpu",
+        dtype="float32",
+        batch_size=4,
+    )
     reqs = task_instances("arc_challenge", 3, tmp_path) + _instances("loglikelihood", REQUESTS)
-    for a, b in zip(ours.loglikelihood(reqs, disable_tqdm=True), hf.loglikelihood(reqs, disable_tqdm=True),
-                    strict=True):
+    for a, b in zip(
+        ours.loglikelihood(reqs, disable_tqdm=True),
+        hf.loglikelihood(reqs, disable_tqdm=True),
+        strict=True,
+    ):
         assert a[0] == pytest.approx(b[0], abs=1e-4)
         assert a[1] == b[1]
 
@@ -319,26 +436,48 @@ def test_truncation_matches_the_hf_backend_and_is_counted_once(tmp_path, caplog)
     tok = load_tokenizer(tok_path)
     L = 64
     torch.manual_seed(3)
-    model = Transformer(ModelConfig(vocab_size=tok.vocab_size, n_layers=2, d_model=64, n_heads=4,
-                                    n_kv_heads=2, d_ff=96, max_seq_len=L, rope_fraction=1.0)).eval()
+    model = Transformer(
+        ModelConfig(
+            vocab_size=tok.vocab_size,
+            n_layers=2,
+            d_model=64,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=96,
+            max_seq_len=L,
+            rope_fraction=1.0,
+        )
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     ours = PretrainLM(model=model, tokenizer=tok, batch_size=4)
-    hf = HFLM(pretrained=str(export_hf(model, tmp_path / "hf", "llama").path),
-              tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token="<|endoftext|>"),
-              device="cpu", dtype="float32", batch_size=4)
+    hf = HFLM(
+        pretrained=str(export_hf(model, tmp_path / "hf", "llama").path),
+        tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token="<|endoftext|>"),
+        device="cpu",
+        dtype="float32",
+        batch_size=4,
+    )
     assert hf.max_length == ours.max_length == L
-    pairs = [("Story:" + _text(100), _text(5)),  # context cut
-             ("Story:" + _text(30), _text(L)),  # the continuation fills the whole context
-             ("Story:" + _text(5), _text(20))]  # short: nothing cut
+    pairs = [
+        ("Story:" + _text(100), _text(5)),  # context cut
+        ("Story:" + _text(30), _text(L)),  # the continuation fills the whole context
+        ("Story:" + _text(5), _text(20)),
+    ]  # short: nothing cut
     # Around the boundary: context + continuation of exactly L + 1 tokens is not cut, L + 2 is.
     base = len(ours.tok_encode("Story:"))
-    pairs += [("Story:" + _text(L + 1 - base - 10), _text(10)), ("Story:" + _text(L + 2 - base - 10), _text(10))]
+    pairs += [
+        ("Story:" + _text(L + 1 - base - 10), _text(10)),
+        ("Story:" + _text(L + 2 - base - 10), _text(10)),
+    ]
     lengths = [sum(map(len, ours._encode_pair(c, x))) for c, x in pairs]
     assert [n > L + 1 for n in lengths] == [True, True, False, False, True] and lengths[3] == L + 1
     assert len(ours._encode_pair(*pairs[1])[1]) == L
-    reqs = [Instance("loglikelihood", {}, p, i, metadata=("short_task", i, 1)) for i, p in enumerate(pairs)]
+    reqs = [
+        Instance("loglikelihood", {}, p, i, metadata=("short_task", i, 1))
+        for i, p in enumerate(pairs)
+    ]
     with caplog.at_level(logging.WARNING):
         got = ours.loglikelihood(reqs, disable_tqdm=True)
         ours_warnings = [r for r in caplog.records if r.name == "pretrain.eval.harness"]
@@ -349,17 +488,23 @@ def test_truncation_matches_the_hf_backend_and_is_counted_once(tmp_path, caplog)
         assert a[0] == pytest.approx(b[0], abs=1e-4)
         assert a[1] == b[1]
     assert ours.requests_truncated == len(hf_warnings) == 3 and ours.requests_scored == 5
-    assert len(ours_warnings) == 1 and "3 of 5 loglikelihood requests" in ours_warnings[0].getMessage()
+    assert (
+        len(ours_warnings) == 1 and "3 of 5 loglikelihood requests" in ours_warnings[0].getMessage()
+    )
     # A continuation of L + 1 tokens: no truncation helps. HFLM asserts; we name the task.
-    long = [Instance("loglikelihood", {}, ("Story:", _text(L + 1)), 0, metadata=("long_task", 0, 1)),
-            Instance("loglikelihood", {}, ("Story:", _text(3)), 1, metadata=("long_task", 1, 1))]
+    long = [
+        Instance("loglikelihood", {}, ("Story:", _text(L + 1)), 0, metadata=("long_task", 0, 1)),
+        Instance("loglikelihood", {}, ("Story:", _text(3)), 1, metadata=("long_task", 1, 1)),
+    ]
     with pytest.raises(AssertionError):
         hf.loglikelihood(long, disable_tqdm=True)
     with pytest.raises(ContinuationTooLong) as err:
         ours.loglikelihood(long, disable_tqdm=True)
     assert err.value.tasks == {"long_task": (1, 2, L + 1)}
-    assert str(err.value).startswith(f"continuations longer than max_length={L} tokens (task long_task: 1 of 2, "
-                                     f"the longest {L + 1} tokens): ")
+    assert str(err.value).startswith(
+        f"continuations longer than max_length={L} tokens (task long_task: 1 of 2, "
+        f"the longest {L + 1} tokens): "
+    )
 
 
 @pytest.fixture(scope="module")
@@ -369,8 +514,17 @@ def byte_run(tmp_path_factory) -> Path:
     from pretrain.data.tokenizer import ByteTokenizer
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=257, n_layers=2, d_model=64, n_heads=4, d_ff=128,
-                                    max_seq_len=MAX_LEN, rope_fraction=0.25))
+    model = Transformer(
+        ModelConfig(
+            vocab_size=257,
+            n_layers=2,
+            d_model=64,
+            n_heads=4,
+            d_ff=128,
+            max_seq_len=MAX_LEN,
+            rope_fraction=0.25,
+        )
+    )
     run = tmp_path_factory.mktemp("byte_run")
     wdir = run / CHECKPOINTS_DIR / step_tag(1)
     save_weights(model, wdir, {"train": {"seed": 0}})
@@ -379,16 +533,28 @@ def byte_run(tmp_path_factory) -> Path:
     return run
 
 
-def test_evaluate_refuses_or_skips_tasks_whose_answers_do_not_fit(byte_run, tmp_path, monkeypatch, capsys):
+def test_evaluate_refuses_or_skips_tasks_whose_answers_do_not_fit(
+    byte_run, tmp_path, monkeypatch, capsys
+):
     cli = load_cli()
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
-    args = ["--run", str(byte_run), "--data-dir", str(shared_path("evals")), "--tasks", "piqa,arc_easy",
-            "--limit", "20"]
+    args = [
+        "--run",
+        str(byte_run),
+        "--data-dir",
+        str(shared_path("evals")),
+        "--tasks",
+        "piqa,arc_easy",
+        "--limit",
+        "20",
+    ]
     assert cli.main([*args, "--output", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err  # also the datasets library's progress bars
     lines = [line for line in err.splitlines() if line.startswith("error")]
     assert "Traceback" not in err and len(lines) == 1 and err.splitlines()[-1] == lines[0]
-    assert lines[0].startswith(f"error: continuations longer than max_length={MAX_LEN} tokens (task piqa: ")
+    assert lines[0].startswith(
+        f"error: continuations longer than max_length={MAX_LEN} tokens (task piqa: "
+    )
     assert lines[0].endswith("or leave it out of --tasks, or pass --skip-missing to skip it")
     out = tmp_path / "eval"
     assert cli.main([*args, "--skip-missing", "--output", str(out)]) == 0
@@ -396,4 +562,7 @@ def test_evaluate_refuses_or_skips_tasks_whose_answers_do_not_fit(byte_run, tmp_
     assert set(results["results"]) == {"arc_easy"} and results["config"]["model"] == "pretrain"
     md = (out / "results.md").read_text()
     assert f"- skipped (continuations longer than the {MAX_LEN}-token context): piqa" in md
-    assert "loglikelihood requests were longer than the model's context: their contexts were cut on the left" in md
+    assert (
+        "loglikelihood requests were longer than the model's context: their contexts were cut on the left"
+        in md
+    )

@@ -24,8 +24,18 @@ from pretrain.model import Transformer
 
 def tiny_model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(ModelConfig(vocab_size=97, pad_vocab_to_multiple=8, n_layers=1, d_model=32,
-                                   n_heads=2, d_ff=64, max_seq_len=16, dropout=0.1))
+    return Transformer(
+        ModelConfig(
+            vocab_size=97,
+            pad_vocab_to_multiple=8,
+            n_layers=1,
+            d_model=32,
+            n_heads=2,
+            d_ff=64,
+            max_seq_len=16,
+            dropout=0.1,
+        )
+    )
 
 
 def batches_of(seed: int = 1):
@@ -34,8 +44,15 @@ def batches_of(seed: int = 1):
     y = torch.randint(0, 97, (7, 16), generator=g)
     y[5, 4:] = -100  # a partly ignored row and a short last batch: unequal token counts
     y[6, :] = -100
-    return x, y, [{"input_ids": x[:4], "labels": y[:4]}, {"input_ids": x[4:6], "labels": y[4:6]},
-                  {"input_ids": x[6:], "labels": y[6:]}]
+    return (
+        x,
+        y,
+        [
+            {"input_ids": x[:4], "labels": y[:4]},
+            {"input_ids": x[4:6], "labels": y[4:6]},
+            {"input_ids": x[6:], "labels": y[6:]},
+        ],
+    )
 
 
 def test_loss_is_the_token_weighted_mean_over_all_batches():
@@ -46,8 +63,9 @@ def test_loss_is_the_token_weighted_mean_over_all_batches():
     assert model.training  # mode restored
     model.eval()
     with torch.no_grad():
-        ref = F.cross_entropy(model(x).double().view(-1, model.cfg.padded_vocab_size), y.view(-1),
-                              ignore_index=-100).item()
+        ref = F.cross_entropy(
+            model(x).double().view(-1, model.cfg.padded_vocab_size), y.view(-1), ignore_index=-100
+        ).item()
     assert out["loss"] == pytest.approx(ref, abs=1e-6)  # eval mode: no dropout
     assert out["tokens"] == int((y != -100).sum())
     loss = out["loss"]
@@ -58,7 +76,9 @@ def test_loss_is_the_token_weighted_mean_over_all_batches():
     # max_batches: only the first batch
     first = evaluate_loss(model, batches, max_batches=1)
     with torch.no_grad():
-        ref1 = F.cross_entropy(model(x[:4]).view(-1, model.cfg.padded_vocab_size), y[:4].reshape(-1)).item()
+        ref1 = F.cross_entropy(
+            model(x[:4]).view(-1, model.cfg.padded_vocab_size), y[:4].reshape(-1)
+        ).item()
     assert first["loss"] == pytest.approx(ref1, abs=1e-6)
 
 
@@ -74,8 +94,10 @@ def test_no_target_tokens_is_an_error():
 def test_bytes_per_token_on_real_text():
     from pretrain.data.tokenizer import load_tokenizer
 
-    texts = [json.loads(line)["text"] for line in
-             shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl").open()][:20]
+    texts = [
+        json.loads(line)["text"]
+        for line in shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl").open()
+    ][:20]
     tok = load_tokenizer(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json"))
     seqs = [tok.encode(t) for t in texts]
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
@@ -110,8 +132,9 @@ def test_ranks_agree_with_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.start_processes(_rank_main, args=(2, port, str(tmp_path / "out")), nprocs=2,
-                                          join=True, start_method="spawn")
+    torch.multiprocessing.start_processes(
+        _rank_main, args=(2, port, str(tmp_path / "out")), nprocs=2, join=True, start_method="spawn"
+    )
     results = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
     single = evaluate_loss(tiny_model(), batches_of()[2])
     for r in results:
@@ -132,31 +155,64 @@ def test_evaluate_val_on_a_prepared_split(tmp_path, monkeypatch):
     from pretrain.data.tokenizer import load_tokenizer
     from pretrain.model.weights import save_weights
 
-    data = prepare_stdlib_corpus(tmp_path / "data", max_bytes=300_000, valid_fraction=0.3,
-                                 workers=1, progress=False)
+    data = prepare_stdlib_corpus(
+        tmp_path / "data", max_bytes=300_000, valid_fraction=0.3, workers=1, progress=False
+    )
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=257, pad_vocab_to_multiple=1, n_layers=1, d_model=32,
-                                    n_heads=2, d_ff=64, max_seq_len=64))
-    run_cfg = {"data": {"train": [str(data)], "valid": [str(data)]}, "train": {"seed": 7, "seq_len": 64}}
+    model = Transformer(
+        ModelConfig(
+            vocab_size=257,
+            pad_vocab_to_multiple=1,
+            n_layers=1,
+            d_model=32,
+            n_heads=2,
+            d_ff=64,
+            max_seq_len=64,
+        )
+    )
+    run_cfg = {
+        "data": {"train": [str(data)], "valid": [str(data)]},
+        "train": {"seed": 7, "seq_len": 64},
+    }
     wdir = tmp_path / "run" / "checkpoints" / "step_0000001"
     save_weights(model, wdir, run_cfg)
     byte_tok = load_tokenizer("bytes")
     byte_tok.save(wdir / "tokenizer")
     (wdir.parent / "latest").write_text(wdir.name)
 
-    spec = importlib.util.spec_from_file_location("pretrain_tools_evaluate", REPO / "tools" / "evaluate.py")
+    spec = importlib.util.spec_from_file_location(
+        "pretrain_tools_evaluate", REPO / "tools" / "evaluate.py"
+    )
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
-    assert cli.main(["--run", str(tmp_path / "run"), "--tasks", "none", "--val", "--val-samples", "24",
-                     "--batch-size", "5"]) == 0
-    got = json.loads((tmp_path / "run" / "eval" / "step_0000001" / "valid_metrics.json").read_text())
+    assert (
+        cli.main(
+            [
+                "--run",
+                str(tmp_path / "run"),
+                "--tasks",
+                "none",
+                "--val",
+                "--val-samples",
+                "24",
+                "--batch-size",
+                "5",
+            ]
+        )
+        == 0
+    )
+    got = json.loads(
+        (tmp_path / "run" / "eval" / "step_0000001" / "valid_metrics.json").read_text()
+    )
     assert "bits/byte" in (tmp_path / "run" / "eval" / "step_0000001" / "results.md").read_text()
 
     _, valid = build_datasets(DataConfig(train=[str(data)], valid=[str(data)]), 64, 7, 1, 24)
     x = torch.stack([valid[i]["input_ids"] for i in range(24)])
     y = torch.stack([valid[i]["labels"] for i in range(24)])
     with torch.no_grad():
-        ref = F.cross_entropy(model.eval()(x).double().view(-1, 257), y.view(-1), ignore_index=-100).item()
+        ref = F.cross_entropy(
+            model.eval()(x).double().view(-1, 257), y.view(-1), ignore_index=-100
+        ).item()
     assert got["loss"] == pytest.approx(ref, abs=1e-5)
     assert got["samples"] == 24 and got["tokens"] == int((y != -100).sum())
     n_bytes = sum(len(bytes(t for t in row.tolist() if t != 256)) for row in x)
@@ -170,7 +226,9 @@ def test_evaluate_val_on_a_prepared_split(tmp_path, monkeypatch):
     real = metrics_module.evaluate_loss
 
     def all_masked(model, batches, **kw):
-        return real(model, ({**b, "labels": torch.full_like(b["labels"], -100)} for b in batches), **kw)
+        return real(
+            model, ({**b, "labels": torch.full_like(b["labels"], -100)} for b in batches), **kw
+        )
 
     monkeypatch.setattr(metrics_module, "evaluate_loss", all_masked)
     assert cli.main(["--run", str(tmp_path / "run"), "--tasks", "none", "--val"]) == 2

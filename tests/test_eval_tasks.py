@@ -64,7 +64,9 @@ def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared")
     configs = {c["task"]: c for c in local_task_configs(tasks, data, out)}
     std = copy.deepcopy(load_local_config("lambada_standard"))
-    std["dataset_kwargs"]["data_files"] = {"test": configs["lambada_openai"]["dataset_kwargs"]["data_files"]["test"]}
+    std["dataset_kwargs"]["data_files"] = {
+        "test": configs["lambada_openai"]["dataset_kwargs"]["data_files"]["test"]
+    }
     configs["lambada_standard"] = std
     return configs
 
@@ -74,8 +76,13 @@ def _with_local_data(builtin: dict, data_file: str) -> dict:
     but the data source (and the unused train/few-shot splits, which have no local file)."""
     cfg = copy.deepcopy(builtin)
     split = cfg.get("test_split") or cfg.get("validation_split")
-    cfg.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": {split: data_file}},
-               training_split=None, fewshot_split=None)
+    cfg.update(
+        dataset_path="json",
+        dataset_name=None,
+        dataset_kwargs={"data_files": {split: data_file}},
+        training_split=None,
+        fewshot_split=None,
+    )
     if cfg.get("test_split"):
         cfg["validation_split"] = None
     for key in ("tag", "group"):
@@ -94,7 +101,9 @@ def test_local_task_prompts_equal_builtin(task, prepared):
     theirs = ConfigurableTask(config=_with_local_data(builtin, data_file))
 
     assert ours.OUTPUT_TYPE == theirs.OUTPUT_TYPE == builtin["output_type"]
-    assert [m["metric"] for m in ours_cfg["metric_list"]] == [m["metric"] for m in builtin["metric_list"]]
+    assert [m["metric"] for m in ours_cfg["metric_list"]] == [
+        m["metric"] for m in builtin["metric_list"]
+    ]
     docs_ours = list(itertools.islice(ours.eval_docs, N_DOCS))
     docs_theirs = list(itertools.islice(theirs.eval_docs, N_DOCS))
     assert len(docs_ours) >= N_DOCS
@@ -117,12 +126,15 @@ def test_wsc273_rows_follow_the_hf_script():
     rows = read_wsc273([shared_path("evals", "wsc_WSCollection.xml")])
     assert len(rows) == 273
     first = rows[0]  # the example of the winograd_wsc dataset card
-    assert first["text"] == "The city councilmen refused the demonstrators a permit because they feared violence."
+    assert (
+        first["text"]
+        == "The city councilmen refused the demonstrators a permit because they feared violence."
+    )
     assert (first["pronoun"], first["pronoun_loc"], first["label"]) == ("they", 63, 0)
     assert first["options"] == ["The city councilmen", "the demonstrators"]
     assert rows[1]["label"] == 1  # "advocated violence": the demonstrators
     for r in rows:
-        assert r["text"][r["pronoun_loc"]:].startswith(r["pronoun"])
+        assert r["text"][r["pronoun_loc"] :].startswith(r["pronoun"])
         assert r["label"] in (0, 1) and len(r["options"]) == 2
         assert "  " not in r["text"]
 
@@ -137,7 +149,9 @@ def test_logiqa_rows_follow_the_hf_script():
     # The source lost spaces after full stops; the loader puts them back.
     assert "citizen park. These four communities" in first["context"]
     assert first["options"][0] == "Civic Park is north of the administrative service area"
-    assert first["question"] == "Based on the above statement, which of the following can be derived?"
+    assert (
+        first["question"] == "Based on the above statement, which of the following can be derived?"
+    )
 
 
 def test_pubmedqa_rows_are_the_official_test_split():
@@ -168,7 +182,9 @@ def test_prepare_keeps_unchanged_files(tmp_path):
     before = path.stat().st_mtime_ns
     os.utime(path, ns=(before - 10**9, before - 10**9))
     prepare_task_data(["wsc273"], data, tmp_path)
-    assert path.stat().st_mtime_ns == before - 10**9  # not rewritten: the datasets cache stays valid
+    assert (
+        path.stat().st_mtime_ns == before - 10**9
+    )  # not rewritten: the datasets cache stays valid
     assert sum(1 for _ in path.open()) == 273
 
 

@@ -17,8 +17,15 @@ PRESETS = Path(__file__).resolve().parents[1] / "configs" / "models"
 
 
 def tiny(**kw) -> ModelConfig:
-    base = dict(vocab_size=97, pad_vocab_to_multiple=8, n_layers=2, d_model=64, n_heads=4,
-                d_ff=96, max_seq_len=48)
+    base = dict(
+        vocab_size=97,
+        pad_vocab_to_multiple=8,
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        d_ff=96,
+        max_seq_len=48,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -46,15 +53,18 @@ def test_nope_and_direct_rotary_dims():
     assert tiny(rope_fraction=None, rotary_dims=6).rope_dims == 6
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(rope_fraction=None, rotary_dims=5), ["model.rotary_dims=5", "odd", "4 or 6"]),
-    (dict(rope_fraction=0.01), ["model.rope_fraction=0.01", "0 rotary dims", "0.0625"]),
-    (dict(rope_fraction=1.5), ["model.rope_fraction=1.5", "[0, 1]"]),
-    (dict(rope_fraction=-0.1), ["model.rope_fraction=-0.1", "[0, 1]"]),
-    (dict(n_kv_heads=3), ["model.n_heads=4", "model.n_kv_heads=3", "divisor"]),
-    (dict(d_model=66), ["model.d_model=66", "model.n_heads=4"]),
-    (dict(rope_fraction=0.5, rotary_dims=8), ["rotary_dims", "rope_fraction", "only one"]),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(rope_fraction=None, rotary_dims=5), ["model.rotary_dims=5", "odd", "4 or 6"]),
+        (dict(rope_fraction=0.01), ["model.rope_fraction=0.01", "0 rotary dims", "0.0625"]),
+        (dict(rope_fraction=1.5), ["model.rope_fraction=1.5", "[0, 1]"]),
+        (dict(rope_fraction=-0.1), ["model.rope_fraction=-0.1", "[0, 1]"]),
+        (dict(n_kv_heads=3), ["model.n_heads=4", "model.n_kv_heads=3", "divisor"]),
+        (dict(d_model=66), ["model.d_model=66", "model.n_heads=4"]),
+        (dict(rope_fraction=0.5, rotary_dims=8), ["rotary_dims", "rope_fraction", "only one"]),
+    ],
+)
 def test_bad_model_configs_name_field_and_fix(kw, words):
     with pytest.raises(ConfigError) as e:
         tiny(**kw)
@@ -160,7 +170,9 @@ def test_qk_norm_with_gqa_normalizes_each_head_over_head_dim(norm):
     cfg = tiny(n_heads=8, n_kv_heads=2, qk_norm=True, norm=norm)  # head_dim 8
     model = Transformer(cfg)
     attn = model.blocks[0].attn
-    assert attn.q_norm.weight.shape == (cfg.head_dim,) and attn.k_norm.weight.shape == (cfg.head_dim,)
+    assert attn.q_norm.weight.shape == (cfg.head_dim,) and attn.k_norm.weight.shape == (
+        cfg.head_dim,
+    )
     seen = {}
     attn.q_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("q", (i[0], o)))
     attn.k_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("k", (i[0], o)))
@@ -198,8 +210,14 @@ def test_qk_norm_changes_the_output():
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 1.0])
 def test_kv_cache_decoding_equals_full_forward(block, fraction):
     torch.manual_seed(0)
-    cfg = tiny(block=block, rope_fraction=fraction, n_kv_heads=2, qk_norm=fraction == 0.25,
-               learned_pos_emb=fraction == 0.0, rope_theta=777.0)
+    cfg = tiny(
+        block=block,
+        rope_fraction=fraction,
+        n_kv_heads=2,
+        qk_norm=fraction == 0.25,
+        learned_pos_emb=fraction == 0.0,
+        rope_theta=777.0,
+    )
     model = Transformer(cfg).eval()
     x = torch.randint(0, 97, (2, 20))
     full = model(x)
@@ -229,7 +247,9 @@ def test_sampling_respects_top_k_and_never_samples_padding():
     cfg = tiny()
     model = Transformer(cfg).eval()
     g = torch.Generator().manual_seed(0)
-    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 30, temperature=5.0, top_k=3, generator=g)
+    out = model.generate(
+        torch.zeros(4, 1, dtype=torch.long), 30, temperature=5.0, top_k=3, generator=g
+    )
     assert out.max() < cfg.vocab_size
     # with top_k=1 sampling is greedy
     a = model.generate(torch.zeros(1, 2, dtype=torch.long), 6, temperature=1.0, top_k=1)
@@ -275,16 +295,30 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 def test_initialisation_stds(init):
     torch.manual_seed(0)
     L, d = 4, 256
-    model = Transformer(ModelConfig(vocab_size=512, n_layers=L, d_model=d, n_heads=4, d_ff=1024,
-                                    max_seq_len=16, init=init, attn_bias=True))
+    model = Transformer(
+        ModelConfig(
+            vocab_size=512,
+            n_layers=L,
+            d_model=d,
+            n_heads=4,
+            d_ff=1024,
+            max_seq_len=16,
+            init=init,
+            attn_bias=True,
+        )
+    )
     expected = {
         "normal": (0.02, 0.02),
         "scaled_normal": (0.02, 0.02 / math.sqrt(2 * L)),
         "small_init": (math.sqrt(2 / (5 * d)), 2 / (L * math.sqrt(d))),
     }[init]
     w_in = torch.cat([b.mlp.w_in.weight.flatten() for b in model.blocks])
-    w_out = torch.cat([torch.cat([b.mlp.w_out.weight.flatten(), b.attn.proj.weight.flatten()])
-                       for b in model.blocks])
+    w_out = torch.cat(
+        [
+            torch.cat([b.mlp.w_out.weight.flatten(), b.attn.proj.weight.flatten()])
+            for b in model.blocks
+        ]
+    )
     assert abs(w_in.std().item() / expected[0] - 1) < 0.02
     assert abs(w_out.std().item() / expected[1] - 1) < 0.02
     assert abs(model.wte.weight.std().item() / expected[0] - 1) < 0.02
@@ -308,7 +342,9 @@ def test_max_attention_logit_matches_explicit_scores():
         k = k.repeat_interleave(H // KV, 1)
         s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
         T = s.shape[-1]
-        seen["ref"] = s.detach().masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), 0).abs().max()
+        seen["ref"] = (
+            s.detach().masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), 0).abs().max()
+        )
         return orig(x, cos, sin, kv_cache, layer)
 
     attn.forward = spy
@@ -338,11 +374,15 @@ def _count_by_hand(c: ModelConfig) -> tuple[int, int]:
     qk = 2 * hd * (2 if c.norm == "layernorm" and c.norm_bias else 1) if c.qk_norm else 0
     per_layer = attn + mlp + 2 * norm + qk
     non_emb = L * per_layer + norm
-    emb = V * d + (c.max_seq_len * d if c.learned_pos_emb else 0) + (0 if c.tie_embeddings else V * d)
+    emb = (
+        V * d + (c.max_seq_len * d if c.learned_pos_emb else 0) + (0 if c.tie_embeddings else V * d)
+    )
     return non_emb + emb, non_emb
 
 
-@pytest.mark.parametrize("preset", ["llama1b", "llama8b", "pythia1b_paper", "pythia1b", "gpt_char", "nanogpt_rope"])
+@pytest.mark.parametrize(
+    "preset", ["llama1b", "llama8b", "pythia1b_paper", "pythia1b", "gpt_char", "nanogpt_rope"]
+)
 def test_preset_parameter_counts(preset):
     cfg = load_model_config(PRESETS / f"{preset}.yaml")
     with torch.device("meta"):
@@ -356,8 +396,12 @@ def test_pythia1b_matches_the_published_size():
     # EleutherAI's Pythia-1B: 1,011,781,632 parameters (805,736,448 without embeddings).
     with torch.device("meta"):
         model = Transformer(load_model_config(PRESETS / "pythia1b.yaml"))
-    assert model.num_params() == 16 * (4 * 2048**2 + 3 * 2048 + 2048 + 2 * 2048 * 8192 + 8192 + 2048 + 4 * 2048) \
-        + 2 * 2048 + 2 * 50304 * 2048
+    assert (
+        model.num_params()
+        == 16 * (4 * 2048**2 + 3 * 2048 + 2048 + 2 * 2048 * 8192 + 8192 + 2048 + 4 * 2048)
+        + 2 * 2048
+        + 2 * 50304 * 2048
+    )
     assert model.cfg.rope_dims == 64
 
 

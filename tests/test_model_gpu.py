@@ -13,8 +13,17 @@ pytestmark = pytest.mark.gpu
 
 
 def _cfg(**kw) -> ModelConfig:
-    base = dict(vocab_size=1000, n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
-                max_seq_len=512, rope_fraction=0.25, qk_norm=True)
+    base = dict(
+        vocab_size=1000,
+        n_layers=2,
+        d_model=256,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=512,
+        max_seq_len=512,
+        rope_fraction=0.25,
+        qk_norm=True,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -42,5 +51,7 @@ def test_kv_cache_on_gpu_matches_full_forward():
     with torch.no_grad():
         full = model(x)
         cache = KVCache(model.cfg, 2, device="cuda")
-        parts = [model(x[:, :40], kv_cache=cache)] + [model(x[:, i:i + 1], kv_cache=cache) for i in range(40, 64)]
+        parts = [model(x[:, :40], kv_cache=cache)] + [
+            model(x[:, i : i + 1], kv_cache=cache) for i in range(40, 64)
+        ]
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-4, rtol=1e-4)

@@ -41,6 +41,7 @@ def hf_param_count(model_cls, config) -> int:
 
 def test_llama1b_params_match_transformers_llama(presets):
     import transformers
+
     got = presets["llama1b"]
     cfg = transformers.LlamaConfig(
         vocab_size=50304,
@@ -61,6 +62,7 @@ def test_llama1b_params_match_transformers_llama(presets):
 def test_pythia1b_params_match_transformers_gpt_neox(presets):
     # Pythia-1B as published: 1,011,781,632 parameters.
     import transformers
+
     got = presets["pythia1b"]
     cfg = transformers.GPTNeoXConfig(
         vocab_size=50304,

@@ -71,16 +71,31 @@ class Cluster:
         self.dir = directory
         self.env = env
 
-    def run(self, *cmd: str, timeout: float = 30, check: bool = True, **kw) -> subprocess.CompletedProcess:
-        out = subprocess.run(cmd, cwd=kw.pop("cwd", REPO), env=kw.pop("env", self.env),
-                             capture_output=True, text=True, timeout=timeout, **kw)
+    def run(
+        self, *cmd: str, timeout: float = 30, check: bool = True, **kw
+    ) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            cmd,
+            cwd=kw.pop("cwd", REPO),
+            env=kw.pop("env", self.env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kw,
+        )
         if check and out.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+            raise AssertionError(
+                f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+            )
         return out
 
-    def sbatch(self, script: Path | str, *args: str, options: tuple[str, ...] = (), **env: str) -> str:
+    def sbatch(
+        self, script: Path | str, *args: str, options: tuple[str, ...] = (), **env: str
+    ) -> str:
         # sbatch hands its environment to the job (--export=ALL).
-        out = self.run("sbatch", "--parsable", *options, str(script), *args, env={**self.env, **env})
+        out = self.run(
+            "sbatch", "--parsable", *options, str(script), *args, env={**self.env, **env}
+        )
         return out.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
@@ -92,8 +107,14 @@ class Cluster:
         end = time.monotonic() + timeout
         while True:
             info = self.job(job_id)
-            if info["JobState"] not in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING",
-                                        "REQUEUED", "SIGNALING"}:
+            if info["JobState"] not in {
+                "PENDING",
+                "RUNNING",
+                "CONFIGURING",
+                "COMPLETING",
+                "REQUEUED",
+                "SIGNALING",
+            }:
                 return info
             if time.monotonic() > end:
                 self.run("scancel", job_id, check=False)
@@ -112,21 +133,34 @@ def cluster(tmp_path_factory):
         unavailable(f"could not install Slurm: {inst.stderr.strip() or inst.stdout.strip()}")
 
     directory = tmp_path_factory.mktemp("slurm")
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("SLURM_")}
-    env.update(SLURM_LOCAL_DIR=str(directory), SLURM_LOCAL_PORT=str(free_port_block()),
-               # 4 nodes shaped like the paper's (8 GPUs, 64 CPUs each, all on this host), so
-               # the real job scripts can be checked against them.
-               SLURM_LOCAL_CPUS="64", SLURM_LOCAL_GPUS="8", SLURM_CONF=str(directory / "slurm.conf"),
-               PRETRAIN_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    env = {
+        k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("SLURM_")
+    }
+    env.update(
+        SLURM_LOCAL_DIR=str(directory),
+        SLURM_LOCAL_PORT=str(free_port_block()),
+        # 4 nodes shaped like the paper's (8 GPUs, 64 CPUs each, all on this host), so
+        # the real job scripts can be checked against them.
+        SLURM_LOCAL_CPUS="64",
+        SLURM_LOCAL_GPUS="8",
+        SLURM_CONF=str(directory / "slurm.conf"),
+        PRETRAIN_PYTHON=sys.executable,
+        OMP_NUM_THREADS="1",
+    )
     try:
-        start = subprocess.run([str(HARNESS), "start", "4"], env=env, capture_output=True,
-                               text=True, timeout=90)
+        start = subprocess.run(
+            [str(HARNESS), "start", "4"], env=env, capture_output=True, text=True, timeout=90
+        )
         if start.returncode != 0:
-            raise AssertionError(f"the local cluster did not start:\n{start.stdout}\n{start.stderr}")
+            raise AssertionError(
+                f"the local cluster did not start:\n{start.stdout}\n{start.stderr}"
+            )
         yield Cluster(directory, env)
     finally:
         subprocess.run(["scancel", "--user", "root"], env=env, capture_output=True, timeout=30)
-        stop = subprocess.run([str(HARNESS), "stop"], env=env, capture_output=True, text=True, timeout=60)
+        stop = subprocess.run(
+            [str(HARNESS), "stop"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert stop.returncode == 0, stop.stderr
         left = [p.name for p in directory.glob("*.pid")]
         assert not left, f"daemons not stopped: {left}"
@@ -134,9 +168,11 @@ def cluster(tmp_path_factory):
 
 def test_two_node_job_runs_one_task_per_node(cluster):
     script = cluster.dir / "hello.sh"
-    script.write_text("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --output="
-                      f"{cluster.dir}/hello-%j.out\n"
-                      "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'\n")
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --output="
+        f"{cluster.dir}/hello-%j.out\n"
+        "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'\n"
+    )
     job = cluster.sbatch(script)
     info = cluster.wait(job, 60)
     assert info["JobState"] == "COMPLETED", info
@@ -148,10 +184,14 @@ def test_paper_job_scripts_are_accepted_by_slurm(cluster):
     """Every generated header is valid for Slurm and fits 4 nodes of 8 GPUs (without running)."""
     for run in paper_runs():
         out = cluster.run("sbatch", "--test-only", run.script_path, check=False)
-        assert out.returncode == 0 and "to start at" in out.stderr, f"{run.script_path}: {out.stderr}"
+        assert out.returncode == 0 and "to start at" in out.stderr, (
+            f"{run.script_path}: {out.stderr}"
+        )
         assert "node[1-4]" in out.stderr, f"{run.script_path}: {out.stderr}"
     # The control: the same script asking for more than the cluster has is refused.
-    out = cluster.run("sbatch", "--test-only", "--nodes=5", paper_runs()[0].script_path, check=False)
+    out = cluster.run(
+        "sbatch", "--test-only", "--nodes=5", paper_runs()[0].script_path, check=False
+    )
     assert out.returncode != 0
 
 
@@ -190,9 +230,23 @@ def stub_job(cluster, tmp_path):
         config.write_text(f"logging: {{run_dir: {run}}}\n")
         entry = tmp_path / "stub.py"
         entry.write_text(STUB)
-        job = Run(name, "stub", "llama1b", 10, "fineweb", slurm=Slurm(
-            nodes=2, gpus_per_node=0, ntasks_per_node=1, cpus_per_task=None, exclusive=False,
-            mem=None, time="00:30:00", output=f"{tmp_path}/%x-%j.out"))
+        job = Run(
+            name,
+            "stub",
+            "llama1b",
+            10,
+            "fineweb",
+            slurm=Slurm(
+                nodes=2,
+                gpus_per_node=0,
+                ntasks_per_node=1,
+                cpus_per_task=None,
+                exclusive=False,
+                mem=None,
+                time="00:30:00",
+                output=f"{tmp_path}/%x-%j.out",
+            ),
+        )
         script = tmp_path / f"{name}.sh"
         script.write_text(render_job_script(job, str(config)))
         job_id = cluster.sbatch(script, PRETRAIN_ENTRY=str(entry))
@@ -237,35 +291,72 @@ def jobs(cluster, tmp_path_factory):
     """Submit, at once: an uninterrupted job, a job to pre-empt, and its chained evaluation."""
     base = tmp_path_factory.mktemp("runs")
     data = prepare_stdlib(base / "data")
-    config = write_config(base / "tiny.yaml", tiny_config(
-        base / "unused", data,
-        train={"train_iters": ITERS, "global_batch_size": 8, "micro_batch_size": 4,
-               "eval_interval": 1000},
-        # No periodic checkpoint before the end: the resume must come from the signal's.
-        checkpoint={"interval": 1000, "keep_last": 2},
-        logging={"log_interval": 1, "max_logit_interval": 0, "tensorboard": False}))
+    config = write_config(
+        base / "tiny.yaml",
+        tiny_config(
+            base / "unused",
+            data,
+            train={
+                "train_iters": ITERS,
+                "global_batch_size": 8,
+                "micro_batch_size": 4,
+                "eval_interval": 1000,
+            },
+            # No periodic checkpoint before the end: the resume must come from the signal's.
+            checkpoint={"interval": 1000, "keep_last": 2},
+            logging={"log_interval": 1, "max_logit_interval": 0, "tensorboard": False},
+        ),
+    )
     # The same generator as the paper's scripts, with a CPU test cluster's header.
-    run = Run("tiny", "tiny CPU model for the Slurm tests", "llama1b", 10, "fineweb",
-              slurm=Slurm(nodes=2, gpus_per_node=0, ntasks_per_node=1, cpus_per_task=None,
-                          exclusive=False, mem=None, time="00:30:00",
-                          output=f"{base}/%x-%j.out"))
+    run = Run(
+        "tiny",
+        "tiny CPU model for the Slurm tests",
+        "llama1b",
+        10,
+        "fineweb",
+        slurm=Slurm(
+            nodes=2,
+            gpus_per_node=0,
+            ntasks_per_node=1,
+            cpus_per_task=None,
+            exclusive=False,
+            mem=None,
+            time="00:30:00",
+            output=f"{base}/%x-%j.out",
+        ),
+    )
     script = base / "tiny.sh"
     script.write_text(render_job_script(run, str(config)))
     plain, preempted, ds = base / "plain", base / "preempted", base / "deepspeed"
     # The run folder comes in as an argument after the script, as users pass --set.
     ids = {
         "plain": cluster.sbatch(script, "--set", f"logging.run_dir={plain}"),
-        "deepspeed": cluster.sbatch(script, "--set", f"logging.run_dir={ds}",
-                                    PRETRAIN_LAUNCHER="deepspeed"),
+        "deepspeed": cluster.sbatch(
+            script, "--set", f"logging.run_dir={ds}", PRETRAIN_LAUNCHER="deepspeed"
+        ),
     }
     # The job to pre-empt goes through slurm/submit.sh, which chains the evaluation to it.
-    out = cluster.run("slurm/submit.sh", str(script), "--set", f"logging.run_dir={preempted}",
-                      env={**cluster.env, "SBATCH_OUTPUT": f"{base}/%x-%j.out",
-                           "PRETRAIN_EVAL_ARGS": "--tasks none --val --val-samples 8"})
+    out = cluster.run(
+        "slurm/submit.sh",
+        str(script),
+        "--set",
+        f"logging.run_dir={preempted}",
+        env={
+            **cluster.env,
+            "SBATCH_OUTPUT": f"{base}/%x-%j.out",
+            "PRETRAIN_EVAL_ARGS": "--tasks none --val --val-samples 8",
+        },
+    )
     ids["preempted"] = re.search(r"training: +job (\d+)", out.stdout).group(1)
     ids["evaluate"] = re.search(r"evaluation: +job (\d+)", out.stdout).group(1)
-    return {"base": base, "config": config, "ids": ids, "plain": plain, "preempted": preempted,
-            "deepspeed": ds}
+    return {
+        "base": base,
+        "config": config,
+        "ids": ids,
+        "plain": plain,
+        "preempted": preempted,
+        "deepspeed": ds,
+    }
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -296,7 +387,9 @@ def test_preempted_job_requeues_and_ends_like_uninterrupted(cluster, jobs):
     end = time.monotonic() + 180
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 4):
         assert time.monotonic() < end, "the job logged no steps in time"
-        assert cluster.job(job)["JobState"] in {"PENDING", "RUNNING", "CONFIGURING"}, log_of(jobs, job)
+        assert cluster.job(job)["JobState"] in {"PENDING", "RUNNING", "CONFIGURING"}, log_of(
+            jobs, job
+        )
         time.sleep(0.2)
     cluster.run("scancel", "--signal=USR1", "--batch", job)
     info = cluster.wait(job)

@@ -27,7 +27,8 @@ from pretrain.sweep import (
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SHELL_SCRIPTS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "slurm").glob("*.sh")) + [
-    "tools/slurm_local.sh"]
+    "tools/slurm_local.sh"
+]
 
 
 def test_checked_in_files_equal_the_grid():
@@ -45,15 +46,22 @@ def test_drift_is_detected(tmp_path):
     (tmp_path / "configs" / "paper" / "llama8b_rope50.yaml").unlink()
     (tmp_path / "configs" / "paper" / "llama1b_rope11.yaml").write_text("{}\n")
     (tmp_path / "slurm" / "old_run.sh").write_text(f"# {GENERATED}\n")
-    assert sorted(stale_files(tmp_path)) == sorted([
-        "slurm/llama1b_rope10.sh", "configs/paper/llama8b_rope50.yaml",
-        "configs/paper/llama1b_rope11.yaml", "slurm/old_run.sh"])
+    assert sorted(stale_files(tmp_path)) == sorted(
+        [
+            "slurm/llama1b_rope10.sh",
+            "configs/paper/llama8b_rope50.yaml",
+            "configs/paper/llama1b_rope11.yaml",
+            "slurm/old_run.sh",
+        ]
+    )
 
 
 def test_grid_has_every_run_of_the_paper():
     """The names, spelled out here from the paper's list of runs (not from the grid)."""
     want = {f"llama1b_rope{p}" for p in (0, 4, 10, 25, 50, 75, 100)}
-    want |= {f"llama1b_seq{s}_rope{p}" for s in (1024, 4096, 8192) for p in (0, 4, 10, 25, 50, 75, 100)}
+    want |= {
+        f"llama1b_seq{s}_rope{p}" for s in (1024, 4096, 8192) for p in (0, 4, 10, 25, 50, 75, 100)
+    }
     want |= {"llama1b_seq8192_rope0_qknorm"}
     want |= {f"llama1b_edu_rope{p}" for p in (0, 4, 10, 25, 50, 75, 100)}
     want |= {f"pythia1b_rope{p}" for p in (0, 1, 10, 25, 50, 75, 100)} | {"pythia1b_rope0_qknorm"}
@@ -66,15 +74,45 @@ def test_grid_has_every_run_of_the_paper():
 # Appendix A of the paper, as it gives the three shapes (GPT-NeoX configs): layers, width,
 # heads, KV heads, FFN width, theta, norm, block, biases (MLP, attention), tied embeddings.
 APPENDIX_A = {
-    "llama1b": dict(n_layers=16, d_model=2048, n_heads=32, kv_heads=8, d_ff=8192, rope_theta=10000,
-                    norm="rmsnorm", block="sequential", mlp_bias=True, attn_bias=False,
-                    tie_embeddings=False),
-    "pythia1b": dict(n_layers=16, d_model=2048, n_heads=8, kv_heads=8, d_ff=2816, rope_theta=10000,
-                     norm="rmsnorm", block="parallel", mlp_bias=True, attn_bias=False,
-                     tie_embeddings=False),
-    "llama8b": dict(n_layers=36, d_model=4096, n_heads=32, kv_heads=8, d_ff=14336,
-                    rope_theta=10000, norm="rmsnorm", block="sequential", mlp_bias=True,
-                    attn_bias=False, tie_embeddings=False),
+    "llama1b": dict(
+        n_layers=16,
+        d_model=2048,
+        n_heads=32,
+        kv_heads=8,
+        d_ff=8192,
+        rope_theta=10000,
+        norm="rmsnorm",
+        block="sequential",
+        mlp_bias=True,
+        attn_bias=False,
+        tie_embeddings=False,
+    ),
+    "pythia1b": dict(
+        n_layers=16,
+        d_model=2048,
+        n_heads=8,
+        kv_heads=8,
+        d_ff=2816,
+        rope_theta=10000,
+        norm="rmsnorm",
+        block="parallel",
+        mlp_bias=True,
+        attn_bias=False,
+        tie_embeddings=False,
+    ),
+    "llama8b": dict(
+        n_layers=36,
+        d_model=4096,
+        n_heads=32,
+        kv_heads=8,
+        d_ff=14336,
+        rope_theta=10000,
+        norm="rmsnorm",
+        block="sequential",
+        mlp_bias=True,
+        attn_bias=False,
+        tie_embeddings=False,
+    ),
 }
 # Rotary dims the paper's runs used: int(head_dim x fraction) (Pythia's 10% run: 26 dims, with a
 # fraction of 0.102 in its GPT-NeoX config).
@@ -121,7 +159,13 @@ def test_config_trains_the_papers_budget_and_shape(run):
     assert (t.train_iters, t.precision, t.zero_stage, t.seed) == (12000, "bf16", 1, 1234)
     assert (t.eval_interval, t.eval_iters, t.activation_checkpointing) == (2000, 10, True)
     o = cfg.optim
-    assert (o.lr, o.betas, o.eps, o.weight_decay, o.grad_clip) == (4e-4, (0.9, 0.95), 1e-8, 0.1, 1.0)
+    assert (o.lr, o.betas, o.eps, o.weight_decay, o.grad_clip) == (
+        4e-4,
+        (0.9, 0.95),
+        1e-8,
+        0.1,
+        1.0,
+    )
     assert cfg.schedule.kind == "cosine" and cfg.schedule.warmup_fraction == 0.05
     assert o.lr * cfg.schedule.min_lr_ratio == pytest.approx(4e-5)
     edu = family == "pythia1b" or "_edu_" in name
@@ -156,22 +200,47 @@ def test_list_shows_the_budget_and_docs_hold_it():
     out = subprocess.run(tool, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["run", "seq", "len", "global", "batch", "micro", "batch", "accum",
-                                "tokens/step", "total", "tokens", "nodes", "x", "GPUs"]
+    assert lines[0].split() == [
+        "run",
+        "seq",
+        "len",
+        "global",
+        "batch",
+        "micro",
+        "batch",
+        "accum",
+        "tokens/step",
+        "total",
+        "tokens",
+        "nodes",
+        "x",
+        "GPUs",
+    ]
     row = next(line for line in lines if line.startswith("llama1b_seq8192_rope10 "))
-    assert row.split() == ["llama1b_seq8192_rope10", "8192", "1,024", "16", "2", "8,388,608",
-                           "100.7B", "4", "x", "8"]
+    assert row.split() == [
+        "llama1b_seq8192_rope10",
+        "8192",
+        "1,024",
+        "16",
+        "2",
+        "8,388,608",
+        "100.7B",
+        "4",
+        "x",
+        "8",
+    ]
     assert len(lines) == 1 + len(paper_runs())
     md = subprocess.run([*tool, "--markdown"], capture_output=True, text=True, timeout=60).stdout
     assert md.strip() in (REPO / "docs" / "reproduce.md").read_text(), (
-        "docs/reproduce.md: paste `python tools/sweep.py list --markdown`")
+        "docs/reproduce.md: paste `python tools/sweep.py list --markdown`"
+    )
 
 
 def sbatch_options(path: Path) -> dict[str, str]:
     opts = {}
     for line in path.read_text().splitlines():
         if line.startswith("#SBATCH "):
-            key, _, value = line[len("#SBATCH "):].partition("=")
+            key, _, value = line[len("#SBATCH ") :].partition("=")
             opts[key] = value
     return opts
 
@@ -184,13 +253,24 @@ def test_job_script_header_and_command(run):
     hours = 48 if run.name.startswith("llama8b") else 24
     margin = 900 if run.name.startswith("llama8b") else 600
     assert opts == {
-        "--job-name": run.name, "--nodes": "4", "--ntasks-per-node": "8", "--gpus-per-node": "8",
-        "--cpus-per-task": "8", "--exclusive": "", "--mem": "0", "--time": f"{hours}:00:00",
-        "--requeue": "", "--signal": f"B:USR1@{margin}", "--open-mode": "append",
-        "--output": "slurm/logs/%x-%j.out"}
+        "--job-name": run.name,
+        "--nodes": "4",
+        "--ntasks-per-node": "8",
+        "--gpus-per-node": "8",
+        "--cpus-per-task": "8",
+        "--exclusive": "",
+        "--mem": "0",
+        "--time": f"{hours}:00:00",
+        "--requeue": "",
+        "--signal": f"B:USR1@{margin}",
+        "--open-mode": "append",
+        "--output": "slurm/logs/%x-%j.out",
+    }
     # sbatch stops reading #SBATCH at the first command: every directive comes before it.
     commands = [i for i, line in enumerate(text.splitlines()) if line and not line.startswith("#")]
-    last_directive = max(i for i, line in enumerate(text.splitlines()) if line.startswith("#SBATCH"))
+    last_directive = max(
+        i for i, line in enumerate(text.splitlines()) if line.startswith("#SBATCH")
+    )
     assert commands and min(commands) > last_directive
     assert text.splitlines()[commands[0]] == f'exec slurm/launch.sh {run.config_path} "$@"'
     assert os.access(path, os.X_OK)
@@ -200,8 +280,9 @@ def test_job_script_header_and_command(run):
 
 def test_signal_margin_must_fit_in_the_time_limit():
     # sbatch's formats (man sbatch, --time)
-    assert [time_limit_s(t) for t in ("30", "10:00", "01:30:00", "2-00:00:00", "1-6", "1-6:30")] == [
-        1800, 600, 5400, 172800, 86400 + 6 * 3600, 86400 + 6 * 3600 + 1800]
+    assert [
+        time_limit_s(t) for t in ("30", "10:00", "01:30:00", "2-00:00:00", "1-6", "1-6:30")
+    ] == [1800, 600, 5400, 172800, 86400 + 6 * 3600, 86400 + 6 * 3600 + 1800]
     with pytest.raises(ValueError, match="signal_margin_s=600"):
         Slurm(time="00:10:00").lines("x")
     with pytest.raises(ValueError, match="signal_margin_s=600"):
@@ -220,8 +301,12 @@ def shellcheck() -> str:
     if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=300, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "shellcheck"],
-                       capture_output=True, timeout=300, env=env)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "shellcheck"],
+            capture_output=True,
+            timeout=300,
+            env=env,
+        )
         path = shutil.which("shellcheck")
     if path is None:
         msg = "shellcheck is not installed (apt-get install shellcheck)"
@@ -232,14 +317,22 @@ def shellcheck() -> str:
 
 
 def test_shellcheck():
-    out = subprocess.run([shellcheck(), "-x", *SHELL_SCRIPTS], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [shellcheck(), "-x", *SHELL_SCRIPTS], cwd=REPO, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout
 
 
 def test_launcher_refuses_to_run_outside_slurm():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    out = subprocess.run(["slurm/launch.sh", paper_runs()[0].config_path], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["slurm/launch.sh", paper_runs()[0].config_path],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2
     assert "not inside a Slurm job" in out.stderr
 
@@ -248,11 +341,29 @@ def test_sweep_cli(tmp_path):
     tool = [sys.executable, str(REPO / "tools" / "sweep.py")]
     out = subprocess.run([*tool, "check"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([*tool, "run-dir", str(REPO / "configs/paper/llama1b_rope10.yaml"),
-                          "--set", f"logging.run_dir={tmp_path}"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            *tool,
+            "run-dir",
+            str(REPO / "configs/paper/llama1b_rope10.yaml"),
+            "--set",
+            f"logging.run_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and out.stdout.strip() == str(tmp_path)
-    out = subprocess.run([*tool, "run-dir", str(REPO / "configs/paper/llama1b_rope10.yaml"),
-                          "--set", "train.micro_batch_size=x"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            *tool,
+            "run-dir",
+            str(REPO / "configs/paper/llama1b_rope10.yaml"),
+            "--set",
+            "train.micro_batch_size=x",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "train.micro_batch_size" in out.stderr
 
 
@@ -262,13 +373,26 @@ def test_char_study_configs():
     from pretrain.sweep import THETAS, char_configs
 
     names = set(char_configs())
-    assert names == {f"{c}_theta{t}" for c in ("shakespeare", "enwik8", "text8") for t in (500, 1000, 5000, 10000, 20000, 50000)} | {"nanogpt_rope_enwik8"}
+    assert names == {
+        f"{c}_theta{t}"
+        for c in ("shakespeare", "enwik8", "text8")
+        for t in (500, 1000, 5000, 10000, 20000, 50000)
+    } | {"nanogpt_rope_enwik8"}
     shakespeare_chars = len(set(shared_path("tinyshakespeare.txt").read_text()))
-    for corpus, vocab in (("shakespeare", shakespeare_chars), ("text8", 27)):  # text8: a-z and space
+    for corpus, vocab in (
+        ("shakespeare", shakespeare_chars),
+        ("text8", 27),
+    ):  # text8: a-z and space
         for theta in THETAS:
             cfg = load_config(REPO / "configs" / "char" / f"{corpus}_theta{theta}.yaml")
             m = cfg.model
-            assert (m.n_layers, m.n_heads, m.d_model, m.max_seq_len, m.dropout) == (6, 6, 384, 256, 0.2)
+            assert (m.n_layers, m.n_heads, m.d_model, m.max_seq_len, m.dropout) == (
+                6,
+                6,
+                384,
+                256,
+                0.2,
+            )
             assert m.rope_theta == theta and m.learned_pos_emb and m.rope_dims == m.head_dim
             assert m.vocab_size == vocab and cfg.train.train_iters == 5000
     nano = load_config(REPO / "configs" / "char" / "nanogpt_rope_enwik8.yaml")

@@ -29,7 +29,9 @@ def test_pythia_tokenizer_matches_reference_ids():
     # Same ids as transformers' fast tokenizer built from the same file, on real web text.
     from transformers import PreTrainedTokenizerFast
 
-    ref = PreTrainedTokenizerFast(tokenizer_file=str(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json")))
+    ref = PreTrainedTokenizerFast(
+        tokenizer_file=str(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json"))
+    )
     docs = _web_docs()
     ours = tok.encode_batch(docs)
     assert ours == [ref.encode(d, add_special_tokens=False) for d in docs]
@@ -112,8 +114,14 @@ def test_clear_errors(tmp_path):
 def test_train_tokenizer_round_trips_unseen_text(tmp_path, kind, vocab):
     from pretrain.data.tokenizer_training import train_tokenizer
 
-    tok = train_tokenizer([str(shared_path("tinyshakespeare.txt"))], tmp_path / kind, kind=kind,
-                          vocab_size=vocab, txt_mode="paragraph", max_bytes=300_000)
+    tok = train_tokenizer(
+        [str(shared_path("tinyshakespeare.txt"))],
+        tmp_path / kind,
+        kind=kind,
+        vocab_size=vocab,
+        txt_mode="paragraph",
+        max_bytes=300_000,
+    )
     back = load_tokenizer(tmp_path / kind)
     assert back.identifier == tok.identifier and back.vocab_size == vocab
     web = _web_docs(10)  # text it never saw, with characters Shakespeare lacks

@@ -21,7 +21,8 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path):
     data = prepare_stdlib(tmp_path / "data")
     events = tmp_path / "events.jsonl"
     cfg = tiny_config(
-        tmp_path / "run", data,
+        tmp_path / "run",
+        data,
         train={"train_iters": 6, "eval_interval": 3},
         checkpoint={"interval": 3},
         logging={"log_interval": 3, "max_logit_interval": 3},
@@ -33,15 +34,26 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     got = [e[1:3] if e[1] != "step_end" else e[1:3] for e in _events(events)]
     assert got == [
-        ["fit_start"], ["train_start", 0],
-        ["step_end", 1], ["step_end", 2], ["evaluation", 3], ["step_end", 3], ["save", 3],
-        ["step_end", 4], ["step_end", 5], ["evaluation", 6], ["step_end", 6], ["save", 6],
+        ["fit_start"],
+        ["train_start", 0],
+        ["step_end", 1],
+        ["step_end", 2],
+        ["evaluation", 3],
+        ["step_end", 3],
+        ["save", 3],
+        ["step_end", 4],
+        ["step_end", 5],
+        ["evaluation", 6],
+        ["step_end", 6],
+        ["save", 6],
         ["fit_end", 0],
     ]
     # It runs after the built-in scalars are in and before the writers: it sees the step's
     # evaluation, speed and logit scalars, and what it adds reaches metrics.jsonl.
     step3 = next(e for e in _events(events) if e[1:3] == ["step_end", 3])[3]
-    assert {"train/loss", "valid/loss", "perf/tokens_per_s", "stability/max_attn_logit"} <= set(step3)
+    assert {"train/loss", "valid/loss", "perf/tokens_per_s", "stability/max_attn_logit"} <= set(
+        step3
+    )
     assert metrics(tmp_path / "run")[5]["probe/steps_seen"] == 5
 
     # Its state is in the checkpoint: the resumed run (2 more steps) starts from 6 seen steps.
@@ -57,7 +69,10 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path):
     [
         ({"class": "NoDots"}, "callbacks[0].class='NoDots' must name a class by its dotted path"),
         ({"class": "no_such_module.Thing"}, "cannot import no_such_module"),
-        ({"class": "pretrain.config.Config"}, "is not a subclass of pretrain.train.callbacks.Callback"),
+        (
+            {"class": "pretrain.config.Config"},
+            "is not a subclass of pretrain.train.callbacks.Callback",
+        ),
         ({"class": "callback_probe.HookRecorder", "outt": "x"}, "does not accept ['outt']"),
     ],
 )
@@ -65,8 +80,11 @@ def test_bad_callback_entry_is_one_line(tmp_path, capsys, monkeypatch, entry, me
     from pretrain.main import main
 
     monkeypatch.syspath_prepend(str(TESTS))
-    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()
-                                        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    monkeypatch.setattr(
+        os,
+        "environ",
+        {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+    )
     data = prepare_stdlib(tmp_path / "data")
     cfg = tiny_config(tmp_path / "run", data)
     cfg["callbacks"] = [entry]
@@ -99,19 +117,23 @@ def wandb_history(path: Path) -> list[dict]:
         rec = wandb_internal_pb2.Record()
         rec.ParseFromString(raw)
         if rec.WhichOneof("record_type") == "history":
-            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                         for i in rec.history.item})
+            rows.append(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in rec.history.item
+                }
+            )
     return rows
 
 
 def test_wandb_logs_the_runs_scalars_offline(tmp_path):
     pytest.importorskip("wandb", reason="pip install wandb (the dev extras hold it)")
     data = prepare_stdlib(tmp_path / "data")
-    cfg = tiny_config(tmp_path / "run", data, train={"train_iters": 4},
-                      logging={"log_interval": 2})
+    cfg = tiny_config(tmp_path / "run", data, train={"train_iters": 4}, logging={"log_interval": 2})
     cfg["wandb"] = {"enabled": True, "project": "test", "mode": "offline"}
-    r = run_main(write_config(tmp_path / "run.yaml", cfg), WANDB_MODE="offline",
-                 WANDB_SILENT="true")
+    r = run_main(
+        write_config(tmp_path / "run.yaml", cfg), WANDB_MODE="offline", WANDB_SILENT="true"
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (run_dir,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
     (history,) = run_dir.glob("*.wandb")
@@ -132,8 +154,11 @@ def test_wandb_missing_is_one_line(tmp_path, capsys, monkeypatch):
     from pretrain.config_checks import check_wandb
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(Exception, match="wandb.enabled=true but wandb is not installed; pip install wandb"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(
+        Exception, match="wandb.enabled=true but wandb is not installed; pip install wandb"
+    ):
         check_wandb(Config(wandb=WandbConfig(enabled=True)))
     check_wandb(Config())  # off: nothing to check

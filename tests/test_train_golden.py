@@ -33,9 +33,7 @@ def golden_run(root: Path, nproc: int) -> dict[str, dict[str, float]]:
     r = run_main(write_config(root / f"run{nproc}.yaml", cfg), nproc=nproc, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (run / "checkpoints" / "step_0000030").is_dir()
-    return {
-        str(step): {k: row[k] for k in KEYS if k in row} for step, row in metrics(run).items()
-    }
+    return {str(step): {k: row[k] for k in KEYS if k in row} for step, row in metrics(run).items()}
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

@@ -14,10 +14,19 @@ pytestmark = pytest.mark.gpu
 def test_bf16_training_on_gpu_learns_and_reports_mfu(tmp_path):
     data = prepare_stdlib(tmp_path / "data")
     run = tmp_path / "run"
-    cfg = tiny_config(run, data, train={"precision": "bf16", "train_iters": 40, "eval_interval": 20,
-                                        "global_batch_size": 16, "micro_batch_size": 8},
-                      model={"d_model": 128, "d_ff": 256, "max_seq_len": 32},
-                      logging={"log_interval": 10, "peak_tflops": 989.0})
+    cfg = tiny_config(
+        run,
+        data,
+        train={
+            "precision": "bf16",
+            "train_iters": 40,
+            "eval_interval": 20,
+            "global_batch_size": 16,
+            "micro_batch_size": 8,
+        },
+        model={"d_model": 128, "d_ff": 256, "max_seq_len": 32},
+        logging={"log_interval": 10, "peak_tflops": 989.0},
+    )
     r = run_main(write_config(tmp_path / "gpu.yaml", cfg), timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "on cuda" in r.stdout and "MFU n/a" not in r.stdout

@@ -11,21 +11,41 @@ import torch
 from pretrain.config import Config, ConfigError, from_dict
 from pretrain.train.engine import deepspeed_config, optimizer_impl
 
-MODEL = {"vocab_size": 97, "pad_vocab_to_multiple": 1, "n_layers": 2, "d_model": 32, "n_heads": 4,
-         "d_ff": 64, "max_seq_len": 16, "rope_fraction": 0.25, "qk_norm": True}
+MODEL = {
+    "vocab_size": 97,
+    "pad_vocab_to_multiple": 1,
+    "n_layers": 2,
+    "d_model": 32,
+    "n_heads": 4,
+    "d_ff": 64,
+    "max_seq_len": 16,
+    "rope_fraction": 0.25,
+    "qk_norm": True,
+}
 
 
 def _cfg(impl: str, precision: str) -> Config:
-    return from_dict(Config, {
-        "model": MODEL,
-        "optim": {"lr": 3e-3, "impl": impl},
-        "schedule": {"warmup_steps": 2},
-        "train": {"train_iters": 6, "global_batch_size": 4, "micro_batch_size": 2, "seq_len": 16,
-                  "precision": precision, "zero_stage": 1},
-    })
+    return from_dict(
+        Config,
+        {
+            "model": MODEL,
+            "optim": {"lr": 3e-3, "impl": impl},
+            "schedule": {"warmup_steps": 2},
+            "train": {
+                "train_iters": 6,
+                "global_batch_size": 4,
+                "micro_batch_size": 2,
+                "seq_len": 16,
+                "precision": precision,
+                "zero_stage": 1,
+            },
+        },
+    )
 
 
-def _run(impl: str, precision: str, steps: int = 6) -> tuple[list[float], list[list[torch.Tensor]], str]:
+def _run(
+    impl: str, precision: str, steps: int = 6
+) -> tuple[list[float], list[list[torch.Tensor]], str]:
     """Losses of `steps` optimizer steps, fp32 weights before each step and after the last."""
     from deepspeed.utils import safe_get_full_fp32_param
 
@@ -49,7 +69,9 @@ def _run(impl: str, precision: str, steps: int = 6) -> tuple[list[float], list[l
         engine.step()
         losses.append(loss.item())
     params.append([safe_get_full_fp32_param(p).clone() for p in engine.module.parameters()])
-    name = type(engine.optimizer.optimizer if hasattr(engine.optimizer, "optimizer") else engine.optimizer).__name__
+    name = type(
+        engine.optimizer.optimizer if hasattr(engine.optimizer, "optimizer") else engine.optimizer
+    ).__name__
     fused = engine.basic_optimizer.param_groups[0].get("fused")
     return losses, params, f"{name} fused={fused}"
 
@@ -81,8 +103,12 @@ def test_the_implementation_is_chosen_per_device():
     assert optimizer_impl(cfg, torch.device("cuda")) == "deepspeed"  # DeepSpeed's FusedAdam
     assert optimizer_impl(cfg, torch.device("cpu")) == "fused"
     assert "optimizer" not in deepspeed_config(cfg, 1, torch.device("cpu"))  # a client optimizer
-    assert deepspeed_config(cfg, 1, torch.device("cuda"))["optimizer"]["params"]["torch_adam"] is False
+    assert (
+        deepspeed_config(cfg, 1, torch.device("cuda"))["optimizer"]["params"]["torch_adam"] is False
+    )
     old = _cfg("deepspeed", "bf16")
-    assert deepspeed_config(old, 1, torch.device("cpu"))["optimizer"]["params"]["torch_adam"] is True
+    assert (
+        deepspeed_config(old, 1, torch.device("cpu"))["optimizer"]["params"]["torch_adam"] is True
+    )
     with pytest.raises(ConfigError, match="optim.impl"):
         from_dict(Config, {"optim": {"impl": "apex"}})

@@ -62,8 +62,10 @@ def test_bad_schedule_names_the_key():
     from pretrain.config_checks import check_config
 
     def check(schedule: ScheduleConfig) -> None:
-        cfg = Config(train=TrainConfig(train_iters=10, global_batch_size=4, micro_batch_size=4),
-                     schedule=schedule)
+        cfg = Config(
+            train=TrainConfig(train_iters=10, global_batch_size=4, micro_batch_size=4),
+            schedule=schedule,
+        )
         check_config(cfg, world_size=1, check_data=False)
 
     with pytest.raises(ConfigError, match="schedule.warmup_steps=50"):

@@ -12,7 +12,7 @@ def test_char_level_data_gets_bits_per_char_and_bytes_differ():
     text = "naïve café, größer: ½ of ∑\n" * 20
     tok = CharTokenizer(sorted(set(text)))
     ids = torch.tensor(tok.encode(text))
-    valid = [{"input_ids": ids[i:i + 64]} for i in range(0, len(ids) - 64, 64)]
+    valid = [{"input_ids": ids[i : i + 64]} for i in range(0, len(ids) - 64, 64)]
     out = text_per_token(tok, valid)
     seen = "".join(tok.decode(v["input_ids"].tolist()) for v in valid)
     assert out["chars_per_token"] == 1.0

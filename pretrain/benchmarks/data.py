@@ -34,15 +34,31 @@ SHARED = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO.parent / "shared" / "d
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt-neox-20b_tokenizer.json"),
-                   help="tokenizer spec (default: the Pythia / GPT-NeoX-20B tokenizer.json in ../shared/data)")
-    p.add_argument("--webtext", default=str(SHARED / "webtext"),
-                   help="folder of .jsonl/.json(.gz) documents with a 'text' field (default ../shared/data/webtext)")
-    p.add_argument("--copies", type=int, default=3, help="times the documents are repeated (default 3)")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to run (default: 1 2)")
-    p.add_argument("--node-cores", type=int, default=64, help="cores of the node to project for (default 64)")
-    p.add_argument("--target-tokens", type=float, default=100e9, help="tokens to project for (default 100e9)")
-    p.add_argument("--no-baseline", action="store_true", help="skip the preprocess_data.py-style reference")
+    p.add_argument(
+        "--tokenizer",
+        default=str(SHARED / "tokenizers" / "gpt-neox-20b_tokenizer.json"),
+        help="tokenizer spec (default: the Pythia / GPT-NeoX-20B tokenizer.json in ../shared/data)",
+    )
+    p.add_argument(
+        "--webtext",
+        default=str(SHARED / "webtext"),
+        help="folder of .jsonl/.json(.gz) documents with a 'text' field (default ../shared/data/webtext)",
+    )
+    p.add_argument(
+        "--copies", type=int, default=3, help="times the documents are repeated (default 3)"
+    )
+    p.add_argument(
+        "--workers", type=int, nargs="+", default=[1, 2], help="worker counts to run (default: 1 2)"
+    )
+    p.add_argument(
+        "--node-cores", type=int, default=64, help="cores of the node to project for (default 64)"
+    )
+    p.add_argument(
+        "--target-tokens", type=float, default=100e9, help="tokens to project for (default 100e9)"
+    )
+    p.add_argument(
+        "--no-baseline", action="store_true", help="skip the preprocess_data.py-style reference"
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
 
@@ -102,7 +118,10 @@ def _reference(input_path: Path, spec: str, workers: int, out: Path) -> int:
     dtype = token_dtype(load_tokenizer(spec).vocab_size)
     builder = idx_mod.IndexedDatasetBuilder(str(out / "ref.bin"), dtype=dtype.type)
     tokens = 0
-    with open(input_path, encoding="utf-8") as fin, mp.get_context("fork").Pool(workers, _ref_init, (spec,)) as pool:
+    with (
+        open(input_path, encoding="utf-8") as fin,
+        mp.get_context("fork").Pool(workers, _ref_init, (spec,)) as pool,
+    ):
         for ids, _ in pool.imap(_ref_encode, fin, 25):
             if ids:
                 builder.add_document(np.asarray(ids), [len(ids)])
@@ -131,9 +150,11 @@ def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         input_path, n_docs = _write_input(Path(args.webtext), args.copies, tmp)
-        print(f"input: {n_docs} documents ({input_path.stat().st_size / 1e6:.1f} MB of jsonl), "
-              f"tokenizer {tok.identifier}; {os.cpu_count()} CPUs here, load average "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"input: {n_docs} documents ({input_path.stat().st_size / 1e6:.1f} MB of jsonl), "
+            f"tokenizer {tok.identifier}; {os.cpu_count()} CPUs here, load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
         runs = [("prepare_data", w) for w in args.workers]
         if not args.no_baseline:
             runs += [("preprocess_data-style", w) for w in args.workers]
@@ -141,29 +162,42 @@ def run(args: argparse.Namespace) -> None:
             out = tmp / f"{kind}_{w}"
             out.mkdir()
             if kind == "prepare_data":
+
                 def fn(out=out, w=w):
                     m = prepare(out, tok, inputs=[str(input_path)], workers=w, progress=False)
                     return m["train"]["tokens"]
             else:
+
                 def fn(out=out, w=w):
                     return _reference(input_path, args.tokenizer, w, out)
+
             tokens, wall, cpu = _measure(fn)
             per_cpu = tokens / cpu
             hours = args.target_tokens / (per_cpu * args.node_cores) / 3600
-            r = {"pipeline": kind, "workers": w, "tokens": tokens, "wall_s": round(wall, 2),
-                 "cpu_s": round(cpu, 2), "tokens_per_s": round(tokens / wall),
-                 "tokens_per_s_per_worker": round(tokens / wall / w),
-                 "tokens_per_cpu_s": round(per_cpu),
-                 f"hours_{args.target_tokens:.0e}_tokens_{args.node_cores}_cores": round(hours, 2)}
+            r = {
+                "pipeline": kind,
+                "workers": w,
+                "tokens": tokens,
+                "wall_s": round(wall, 2),
+                "cpu_s": round(cpu, 2),
+                "tokens_per_s": round(tokens / wall),
+                "tokens_per_s_per_worker": round(tokens / wall / w),
+                "tokens_per_cpu_s": round(per_cpu),
+                f"hours_{args.target_tokens:.0e}_tokens_{args.node_cores}_cores": round(hours, 2),
+            }
             results.append(r)
-            print(f"{kind:>22} workers={w}: {tokens:,} tokens in {wall:.1f} s wall = {tokens / wall:,.0f} tokens/s "
-                  f"({tokens / wall / w:,.0f} per worker); {per_cpu:,.0f} tokens per CPU-second -> "
-                  f"{hours:.1f} h for {args.target_tokens:.0e} tokens on {args.node_cores} cores")
+            print(
+                f"{kind:>22} workers={w}: {tokens:,} tokens in {wall:.1f} s wall = {tokens / wall:,.0f} tokens/s "
+                f"({tokens / wall / w:,.0f} per worker); {per_cpu:,.0f} tokens per CPU-second -> "
+                f"{hours:.1f} h for {args.target_tokens:.0e} tokens on {args.node_cores} cores"
+            )
     ours = {r["workers"]: r for r in results if r["pipeline"] == "prepare_data"}
     for r in results:
         if r["pipeline"] != "prepare_data" and r["workers"] in ours:
             ratio = ours[r["workers"]]["tokens_per_cpu_s"] / r["tokens_per_cpu_s"]
-            print(f"workers={r['workers']}: prepare_data does {ratio:.2f}x the tokens per CPU-second of the "
-                  f"preprocess_data.py-style loop")
+            print(
+                f"workers={r['workers']}: prepare_data does {ratio:.2f}x the tokens per CPU-second of the "
+                f"preprocess_data.py-style loop"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

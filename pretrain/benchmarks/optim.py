@@ -28,7 +28,13 @@ IMPLS = ("deepspeed", "foreach", "fused")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS, help="optim.impl values to compare")
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        default=list(IMPLS),
+        choices=IMPLS,
+        help="optim.impl values to compare",
+    )
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--vocab", type=int, default=50304)
@@ -36,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--zero-stage", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=8, help="timed rounds (one step of every impl each)")
+    p.add_argument(
+        "--rounds", type=int, default=8, help="timed rounds (one step of every impl each)"
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
 
@@ -45,15 +53,31 @@ def _config(args: argparse.Namespace, impl: str):
     from pretrain.config import Config, from_dict
 
     d = args.d_model
-    return from_dict(Config, {
-        "model": {"vocab_size": args.vocab, "pad_vocab_to_multiple": 64, "n_layers": args.layers, "d_model": d,
-                  "n_heads": max(1, d // 64), "d_ff": 4 * d, "max_seq_len": args.seq_len, "rope_fraction": 0.25},
-        "optim": {"impl": impl},
-        "schedule": {"warmup_steps": 1},
-        "train": {"train_iters": args.warmup + args.rounds, "global_batch_size": args.micro_batch,
-                  "micro_batch_size": args.micro_batch, "seq_len": args.seq_len,
-                  "precision": args.precision, "zero_stage": args.zero_stage},
-    })
+    return from_dict(
+        Config,
+        {
+            "model": {
+                "vocab_size": args.vocab,
+                "pad_vocab_to_multiple": 64,
+                "n_layers": args.layers,
+                "d_model": d,
+                "n_heads": max(1, d // 64),
+                "d_ff": 4 * d,
+                "max_seq_len": args.seq_len,
+                "rope_fraction": 0.25,
+            },
+            "optim": {"impl": impl},
+            "schedule": {"warmup_steps": 1},
+            "train": {
+                "train_iters": args.warmup + args.rounds,
+                "global_batch_size": args.micro_batch,
+                "micro_batch_size": args.micro_batch,
+                "seq_len": args.seq_len,
+                "precision": args.precision,
+                "zero_stage": args.zero_stage,
+            },
+        },
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -75,8 +99,9 @@ def run(args: argparse.Namespace) -> None:
         engines[impl] = build_engine(cfg, 1, device)
         opt = engines[impl].basic_optimizer
         g = opt.param_groups[0]
-        names[impl] = (f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}"
-                       + (" fused" if g.get("fused") else " foreach" if g.get("foreach") else ""))
+        names[impl] = f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}" + (
+            " fused" if g.get("fused") else " foreach" if g.get("foreach") else ""
+        )
         resolved = optimizer_impl(cfg, device)
         if resolved != impl:
             names[impl] += f" ({resolved})"
@@ -102,19 +127,42 @@ def run(args: argparse.Namespace) -> None:
             if r >= args.warmup:
                 times[impl]["fwd_bwd"].append(t1 - t0)
                 times[impl]["opt"].append(t2 - t1)
-    where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    print(f"\noptimizer benchmark on {where}: {n_params / 1e6:.1f}M parameters, {args.precision}, "
-          f"ZeRO-{args.zero_stage}, micro batch {args.micro_batch} x {args.seq_len}; medians of "
-          f"{args.rounds} interleaved rounds; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'optim.impl':>10} {'optimizer':<28} {'opt ms':>8} {'step ms':>8} {'opt share':>9} {'vs first':>8}")
+    where = (
+        torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    )
+    print(
+        f"\noptimizer benchmark on {where}: {n_params / 1e6:.1f}M parameters, {args.precision}, "
+        f"ZeRO-{args.zero_stage}, micro batch {args.micro_batch} x {args.seq_len}; medians of "
+        f"{args.rounds} interleaved rounds; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'optim.impl':>10} {'optimizer':<28} {'opt ms':>8} {'step ms':>8} {'opt share':>9} {'vs first':>8}"
+    )
     results, base = [], None
     for impl in args.impls:
         opt = statistics.median(times[impl]["opt"]) * 1e3
-        step = statistics.median([a + b for a, b in zip(times[impl]["fwd_bwd"], times[impl]["opt"], strict=True)]) * 1e3
+        step = (
+            statistics.median(
+                [a + b for a, b in zip(times[impl]["fwd_bwd"], times[impl]["opt"], strict=True)]
+            )
+            * 1e3
+        )
         base = base or opt
-        results.append({"impl": impl, "optimizer": names[impl], "opt_ms": round(opt, 2), "step_ms": round(step, 2),
-                        "opt_share": round(opt / step, 3), "speedup_vs_first": round(base / opt, 2)})
-        print(f"{impl:>10} {names[impl]:<28} {opt:8.1f} {step:8.1f} {100 * opt / step:8.1f}% {base / opt:7.2f}x")
+        results.append(
+            {
+                "impl": impl,
+                "optimizer": names[impl],
+                "opt_ms": round(opt, 2),
+                "step_ms": round(step, 2),
+                "opt_share": round(opt / step, 3),
+                "speedup_vs_first": round(base / opt, 2),
+            }
+        )
+        print(
+            f"{impl:>10} {names[impl]:<28} {opt:8.1f} {step:8.1f} {100 * opt / step:8.1f}% {base / opt:7.2f}x"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": where, "parameters": n_params, "results": results},
-                                              indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"device": where, "parameters": n_params, "results": results}, indent=1)
+            + "\n"
+        )

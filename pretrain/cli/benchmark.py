@@ -21,7 +21,9 @@ AREAS = {
 
 @user_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="area", required=True, metavar="AREA")
     modules = {}
     for name, help_text in AREAS.items():
@@ -31,4 +33,3 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modules[args.area].run(args)
     return 0
-

@@ -20,11 +20,13 @@ from pretrain.run_layout import CHECKPOINTS_DIR, DELETING_SUFFIX, TMP_SUFFIX
 
 @user_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run", help="a run folder (runs/NAME) or its checkpoints folder")
-    parser.add_argument("--size-only", action="store_true",
-                        help="compare sizes only (fast); by default CRC-32s too")
+    parser.add_argument(
+        "--size-only", action="store_true", help="compare sizes only (fast); by default CRC-32s too"
+    )
     args = parser.parse_args(argv)
 
     from pretrain.train.checkpoint import complete_tags, find_resume_tag, verify_checkpoint
@@ -32,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.run)
     ckpts = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
     if not ckpts.is_dir():
-        print(f"error: {path} is neither a run folder nor a checkpoints folder; give runs/NAME",
-              file=sys.stderr)
+        print(
+            f"error: {path} is neither a run folder nor a checkpoints folder; give runs/NAME",
+            file=sys.stderr,
+        )
         return 2
     tags = complete_tags(ckpts)
     if not tags:
@@ -45,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{tag}  " + ("intact" if not problems else "DAMAGED: " + "; ".join(problems)))
     for p in sorted(ckpts.iterdir()):
         if p.is_dir() and p.name.endswith((TMP_SUFFIX, DELETING_SUFFIX)):
-            print(f"{p.name}  incomplete (a save or a removal was cut short; the next start "
-                  f"removes it)")
+            print(
+                f"{p.name}  incomplete (a save or a removal was cut short; the next start "
+                f"removes it)"
+            )
     if tags:
         import contextlib
         import io

@@ -28,16 +28,30 @@ def _write(path: str, text: str) -> None:
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (runs/NAME)")
-    p.add_argument("--eval-step", type=int, default=None,
-                   help="use the evaluation of this checkpoint step (default: each run's newest)")
-    p.add_argument("--baseline", default=None,
-                   help="config group (or one of its runs) to test every other group against "
-                        "with Welch's t-test on best and final validation loss (needs >= 2 seeds each)")
+    p.add_argument(
+        "--eval-step",
+        type=int,
+        default=None,
+        help="use the evaluation of this checkpoint step (default: each run's newest)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="config group (or one of its runs) to test every other group against "
+        "with Welch's t-test on best and final validation loss (needs >= 2 seeds each)",
+    )
     p.add_argument("--markdown", default=None, help="also write the markdown tables to this file")
-    p.add_argument("--plot", default=None, metavar="PNG",
-                   help="also plot every run's training and validation loss, spikes marked, to this PNG")
-    p.add_argument("--csv", default=None,
-                   help="write a CSV: one row per run and one per config group (with *_std columns)")
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="also plot every run's training and validation loss, spikes marked, to this PNG",
+    )
+    p.add_argument(
+        "--csv",
+        default=None,
+        help="write a CSV: one row per run and one per config group (with *_std columns)",
+    )
     args = p.parse_args(argv)
     runs, groups = compare(args.runs, args.eval_step)
     report = markdown_report(runs, groups, args.baseline)
@@ -53,4 +67,3 @@ def main(argv=None) -> int:
 
         print(f"wrote {plot_loss_curves(args.runs, args.plot)}")
     return 0
-

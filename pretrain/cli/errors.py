@@ -74,10 +74,7 @@ def message(e: BaseException) -> str:
     if f"{type(e).__module__}".startswith("yaml"):
         text = yaml_error_message(e)
     elif (
-        isinstance(e, OSError)
-        and type(e) in _PATH_FIXES
-        and e.filename is not None
-        and e.strerror
+        isinstance(e, OSError) and type(e) in _PATH_FIXES and e.filename is not None and e.strerror
     ):
         text = f"{e.filename}: {e.strerror.lower()}; {_PATH_FIXES[type(e)]}"
     else:
@@ -95,9 +92,7 @@ def report(e: BaseException, label: str = "error") -> None:
     print(f"{label}: {message(e)}", file=sys.stderr, flush=True)
 
 
-def user_errors(
-    main: Callable[..., int | None] | None = None, *, label: str = "error"
-) -> Any:
+def user_errors(main: Callable[..., int | None] | None = None, *, label: str = "error") -> Any:
     """Decorate a program's `main(argv=None) -> int`: a user error -> one line and exit 2.
 
     `label` prefixes the line of a ConfigError (`error`, or `config error` for the trainer);

@@ -19,9 +19,7 @@ from pretrain.cli.errors import ArgumentParser, user_errors
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--run",
         required=True,
@@ -150,4 +148,3 @@ def main(argv=None) -> int:
     for f in outcome.files:
         print(f"wrote {f}")
     return 0
-

@@ -19,9 +19,7 @@ from pretrain.cli.errors import ArgumentParser, user_errors
 
 @user_errors
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--preset",
         help=f"model preset: {', '.join(preset_names())}, or a path to a "
@@ -51,13 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.seq_len is not None and args.seq_len < 1:
         p.error(f"--seq-len={args.seq_len} must be >= 1")
     names = preset_names() if args.all else [args.preset]
-    infos = [
-        model_info(load_preset(n, args.overrides), Path(n).stem, args.seq_len) for n in names
-    ]
+    infos = [model_info(load_preset(n, args.overrides), Path(n).stem, args.seq_len) for n in names]
     if args.json:
         print(json.dumps([asdict(i) for i in infos] if args.all else asdict(infos[0]), indent=2))
     elif args.all:
         print(format_info_table(infos))
     else:
         print(format_info(infos[0]))
-

@@ -35,9 +35,7 @@ RECIPES = ("stdlib", "tinyshakespeare", "enwik8", "text8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("input (one of)")
     src.add_argument(
         "--input",
@@ -192,4 +190,3 @@ def _prepare(args: argparse.Namespace, progress: bool) -> None:
             overwrite=args.overwrite,
             progress=progress,
         )
-

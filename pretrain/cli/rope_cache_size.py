@@ -19,9 +19,7 @@ from pretrain.config import ConfigError
 
 @user_errors
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--head-dim",
         type=int,
@@ -106,8 +104,5 @@ def main(argv: list[str] | None = None) -> int:
     rows = rc.cache_table(head_dim, seq_lens, fractions, args.precision, layers)
     print(rc.format_table(rows, seq_lens, head_dim, args.precision, layers, args.units))
     if args.plot:
-        path = rc.plot_cache(
-            head_dim, fractions, args.precision, layers, max(seq_lens), args.plot
-        )
+        path = rc.plot_cache(head_dim, fractions, args.precision, layers, max(seq_lens), args.plot)
         print(f"\nwrote {path}")
-

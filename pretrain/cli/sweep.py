@@ -38,17 +38,28 @@ REPO = Path(__file__).resolve().parents[2]
 def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE"):  # `tools/sweep.py list | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("write", help="write every generated config and job script; list what changed")
     sub.add_parser("check", help="exit 1 and name the files that differ from the grid")
-    p = sub.add_parser("list", help="print each run: seq len, global batch, micro batch, "
-                       "accumulation, tokens per step, total tokens, nodes x GPUs")
+    p = sub.add_parser(
+        "list",
+        help="print each run: seq len, global batch, micro batch, "
+        "accumulation, tokens per step, total tokens, nodes x GPUs",
+    )
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
     p = sub.add_parser("run-dir", help="print the run folder (logging.run_dir) of a config")
     p.add_argument("config", help="run config YAML")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="an override as given to pretrain/main.py (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override as given to pretrain/main.py (repeatable)",
+    )
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "run-dir":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -59,16 +70,20 @@ def main(argv: list[str] | None = None) -> int:
         for line in budget_warnings():
             print(f"warning: {line}", file=sys.stderr)
         if args.command in ("write", "check") and not (REPO / "configs" / "models").is_dir():
-            print(f"{REPO} is not a checkout of this repository: `write` and `check` work on the "
-                  f"configs/ and slurm/ folders of one; install it with pip install -e .",
-                  file=sys.stderr)
+            print(
+                f"{REPO} is not a checkout of this repository: `write` and `check` work on the "
+                f"configs/ and slurm/ folders of one; install it with pip install -e .",
+                file=sys.stderr,
+            )
             return 2
         if args.command == "write":
             changed = write_files(REPO)
             check_configs(REPO)
             for rel in changed:
                 print(f"wrote {rel}")
-            print(f"{len(paper_runs())} paper runs and {len(char_configs())} char configs; {len(changed)} file(s) changed")
+            print(
+                f"{len(paper_runs())} paper runs and {len(char_configs())} char configs; {len(changed)} file(s) changed"
+            )
             stale = [p for p in stale_files(REPO) if p not in changed]
             if stale:
                 print("not in the grid any more (delete them): " + " ".join(stale), file=sys.stderr)
@@ -76,11 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "check":
             stale = stale_files(REPO)
             if stale:
-                print("differs from the grid in pretrain/sweep.py: " + " ".join(stale)
-                      + "\nrun: python tools/sweep.py write", file=sys.stderr)
+                print(
+                    "differs from the grid in pretrain/sweep.py: "
+                    + " ".join(stale)
+                    + "\nrun: python tools/sweep.py write",
+                    file=sys.stderr,
+                )
                 return 1
             check_configs(REPO)
-            print(f"{len(paper_runs())} paper runs and {len(char_configs())} char configs match the grid")
+            print(
+                f"{len(paper_runs())} paper runs and {len(char_configs())} char configs match the grid"
+            )
         elif args.command == "list":
             print(format_table(markdown=args.markdown))
         else:
@@ -92,4 +113,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grid error: {e}", file=sys.stderr)
         return 2
     return 0
-

@@ -76,10 +76,14 @@ def check_prefix(prefix: str | Path, key: str = "data") -> tuple[int, int]:
     idx, bin_ = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
     for p in (idx, bin_):
         if not p.is_file():
-            raise DataError(f"{key}: {p} not found; a data prefix needs both {idx.name} and {bin_.name}")
+            raise DataError(
+                f"{key}: {p} not found; a data prefix needs both {idx.name} and {bin_.name}"
+            )
     size = idx.stat().st_size
     if size < _IDX_HEADER:
-        raise DataError(f"{key}: {idx} is {'empty' if size == 0 else 'truncated'} ({size} bytes); prepare the data again")
+        raise DataError(
+            f"{key}: {idx} is {'empty' if size == 0 else 'truncated'} ({size} bytes); prepare the data again"
+        )
     with open(idx, "rb") as f:
         head = f.read(_IDX_HEADER)
     if head[:9] != _IDX_MAGIC:
@@ -92,8 +96,10 @@ def check_prefix(prefix: str | Path, key: str = "data") -> tuple[int, int]:
         raise DataError(f"{key}: {idx} names an unknown token dtype code {code}") from None
     expected = _IDX_HEADER + n_seq * 4 + n_seq * 8 + n_doc * 8
     if version != 1 or size not in (expected, expected + n_seq):  # + n_seq: multimodal modes
-        raise DataError(f"{key}: {idx} is damaged: {size} bytes where its header implies {expected}; "
-                        f"prepare the data again")
+        raise DataError(
+            f"{key}: {idx} is damaged: {size} bytes where its header implies {expected}; "
+            f"prepare the data again"
+        )
     lengths = np.fromfile(idx, dtype=np.int32, count=n_seq, offset=_IDX_HEADER)
     tokens = int(lengths.sum(dtype=np.int64))
     if bin_.stat().st_size != tokens * itemsize:
@@ -115,8 +121,10 @@ def _resolve_folder(entry: str, split: str, key: str) -> Path | None:
         return p
     if (p / split / MANIFEST).is_file():
         return p / split
-    raise DataError(f"{key}: {entry} is a folder without {MANIFEST} (nor {split}/{MANIFEST}); "
-                    f"prepare it with tools/prepare_data.py, or name a PREFIX of PREFIX.bin/.idx")
+    raise DataError(
+        f"{key}: {entry} is a folder without {MANIFEST} (nor {split}/{MANIFEST}); "
+        f"prepare it with tools/prepare_data.py, or name a PREFIX of PREFIX.bin/.idx"
+    )
 
 
 def resolve_entry(entry: str, split: str, key: str) -> list[Prefix]:
@@ -127,7 +135,9 @@ def resolve_entry(entry: str, split: str, key: str) -> list[Prefix]:
         if prefix.endswith((".bin", ".idx")):
             prefix = prefix[:-4]
         if not (Path(prefix + ".bin").exists() or Path(prefix + ".idx").exists()):
-            raise DataError(f"{key}: {entry} not found (neither a prepared folder nor a PREFIX.bin/.idx pair)")
+            raise DataError(
+                f"{key}: {entry} not found (neither a prepared folder nor a PREFIX.bin/.idx pair)"
+            )
         tokens, docs = check_prefix(prefix, key)
         return [Prefix(prefix, tokens, docs, None, None)]
     try:
@@ -135,8 +145,10 @@ def resolve_entry(entry: str, split: str, key: str) -> list[Prefix]:
     except PrepareError as e:
         raise DataError(f"{key}: {e}") from None
     if not manifest.get("complete"):
-        raise DataError(f"{key}: {folder} is only partly prepared; rerun the same prepare_data.py "
-                        f"command to finish it (finished shards are kept)")
+        raise DataError(
+            f"{key}: {folder} is only partly prepared; rerun the same prepare_data.py "
+            f"command to finish it (finished shards are kept)"
+        )
     if not manifest["shards"]:
         raise DataError(f"{key}: {folder} holds no documents")
     out = []
@@ -144,18 +156,23 @@ def resolve_entry(entry: str, split: str, key: str) -> list[Prefix]:
         prefix = str((folder / shard["prefix"]).resolve())
         tokens, docs = check_prefix(prefix, key)
         if tokens != shard["tokens"]:
-            raise DataError(f"{key}: {prefix} holds {tokens} tokens but the manifest records "
-                            f"{shard['tokens']}; prepare the data again")
+            raise DataError(
+                f"{key}: {prefix} holds {tokens} tokens but the manifest records "
+                f"{shard['tokens']}; prepare the data again"
+            )
         out.append(Prefix(prefix, tokens, docs, manifest, folder))
     return out
 
 
-def _resolve_split(entries: list[str], weights: list[float] | None, split: str, key: str
-                   ) -> tuple[list[str], list[float], list[Prefix]]:
+def _resolve_split(
+    entries: list[str], weights: list[float] | None, split: str, key: str
+) -> tuple[list[str], list[float], list[Prefix]]:
     """Flatten entries into prefixes with weights: each entry's weight spread over its shards by tokens."""
     if weights is not None and len(weights) != len(entries):
-        raise DataError(f"data.train_weights has {len(weights)} values for {len(entries)} data.train entries; "
-                        f"give one weight per entry, or null to weight by size")
+        raise DataError(
+            f"data.train_weights has {len(weights)} values for {len(entries)} data.train entries; "
+            f"give one weight per entry, or null to weight by size"
+        )
     if weights is not None and (min(weights, default=0) < 0 or sum(weights) <= 0):
         raise DataError(f"data.train_weights={weights} must be non-negative with a positive sum")
     paths, flat, prefixes = [], [], []
@@ -202,13 +219,17 @@ def tokenizer_for_data(data: DataConfig) -> Tokenizer:
         tok = load_tokenizer(folder / manifest.get("tokenizer_dir", "../tokenizer"))
         source = f"the tokenizer saved with {key}"
     else:
-        raise DataError("data.tokenizer is null and no data.train entry has a manifest to take it from; "
-                        "set data.tokenizer (e.g. the tokenizer.json the data was made with)")
+        raise DataError(
+            "data.tokenizer is null and no data.train entry has a manifest to take it from; "
+            "set data.tokenizer (e.g. the tokenizer.json the data was made with)"
+        )
     for key, manifest, folder in manifests:
         recorded = manifest["tokenizer"]
         if recorded["sha256"] != tok.sha256:
-            raise DataError(f"{key}: {folder} was tokenized with {recorded['identifier']} but {source} is "
-                            f"{tok.identifier}; use the tokenizer the data was prepared with")
+            raise DataError(
+                f"{key}: {folder} was tokenized with {recorded['identifier']} but {source} is "
+                f"{tok.identifier}; use the tokenizer the data was prepared with"
+            )
     return tok
 
 
@@ -262,8 +283,13 @@ class TokenDataset(torch.utils.data.Dataset):
     (a DataLoader worker inherits the advice by fork; a spawned one re-maps, so the advice
     is applied at its first read)."""
 
-    def __init__(self, inner: torch.utils.data.Dataset, seq_len: int, prefixes: list[Prefix],
-                 read_mode: str = "random") -> None:
+    def __init__(
+        self,
+        inner: torch.utils.data.Dataset,
+        seq_len: int,
+        prefixes: list[Prefix],
+        read_mode: str = "random",
+    ) -> None:
         self.inner = inner
         self.seq_len = seq_len
         self.prefixes = prefixes
@@ -303,8 +329,10 @@ def _check_cache_writable(path: Path) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise DataError(f"data.cache_dir: cannot write megatron's index cache to {path} ({e}); "
-                        f"set data.cache_dir to a writable folder") from None
+        raise DataError(
+            f"data.cache_dir: cannot write megatron's index cache to {path} ({e}); "
+            f"set data.cache_dir to a writable folder"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -412,10 +440,14 @@ def _build_on_ranks(build: Callable[[], Any], cache: Path) -> Any:
     if any(n for _, n, _ in views):
         lacking = sorted({host for host, n, _ in views if n})
         if rank == 0:
-            log.warning("data.cache_dir: %s is not shared by every node (%s cannot see the %d index "
-                        "files rank 0 wrote); the first process of each such node builds its own "
-                        "copy. Set data.cache_dir to a folder all nodes share to build it once",
-                        cache, ", ".join(lacking), len(names))
+            log.warning(
+                "data.cache_dir: %s is not shared by every node (%s cannot see the %d index "
+                "files rank 0 wrote); the first process of each such node builds its own "
+                "copy. Set data.cache_dir to a folder all nodes share to build it once",
+                cache,
+                ", ".join(lacking),
+                len(names),
+            )
         own_copy = local_rank == 0 and bool(missing)
 
         def build_copy():
@@ -437,13 +469,15 @@ def _build_on_ranks(build: Callable[[], Any], cache: Path) -> Any:
                 f"data.cache_dir: rank {r} on {host} cannot see megatron's index cache in {folder}, "
                 f"not even after the first process of its node (LOCAL_RANK=0) built a copy; set "
                 f"data.cache_dir to a folder that all nodes share, or to a node-local folder that "
-                f"all ranks of a node share (and launch with LOCAL_RANK set)")
+                f"all ranks of a node share (and launch with LOCAL_RANK set)"
+            )
     # Every rank now sees every file: the others load (rank 0 and the node copies are built).
     return _on_every_rank(lambda: built if built is not None else build(), rank, world)
 
 
-def build_datasets(data: DataConfig, seq_len: int, seed: int, train_samples: int,
-                   valid_samples: int) -> tuple[TokenDataset, TokenDataset | None]:
+def build_datasets(
+    data: DataConfig, seq_len: int, seed: int, train_samples: int, valid_samples: int
+) -> tuple[TokenDataset, TokenDataset | None]:
     """Train and (when data.valid is set) valid datasets of at least the requested samples.
 
     Call on every rank: with torch.distributed initialised, rank 0 builds the index cache
@@ -453,12 +487,16 @@ def build_datasets(data: DataConfig, seq_len: int, seed: int, train_samples: int
     if train_samples <= 0:
         raise DataError(f"train_samples={train_samples} must be positive")
     tok = tokenizer_for_data(data)
-    train_paths, train_w, train_prefixes = _resolve_split(data.train, data.train_weights, "train", "data.train")
+    train_paths, train_w, train_prefixes = _resolve_split(
+        data.train, data.train_weights, "train", "data.train"
+    )
     if not train_paths:
         raise DataError("data.train has no entry with a positive weight")
     valid_paths, valid_w, valid_prefixes = ([], [], [])
     if data.valid and valid_samples > 0:
-        valid_paths, valid_w, valid_prefixes = _resolve_split(data.valid, None, "valid", "data.valid")
+        valid_paths, valid_w, valid_prefixes = _resolve_split(
+            data.valid, None, "valid", "data.valid"
+        )
 
     GPTDataset = import_quietly("megatron.core.datasets.gpt_dataset")
     builder_mod = import_quietly("megatron.core.datasets.blended_megatron_dataset_builder")
@@ -488,16 +526,28 @@ def build_datasets(data: DataConfig, seq_len: int, seed: int, train_samples: int
         try:
             with _single_process_rank():
                 return builder_mod.BlendedMegatronDatasetBuilder(
-                    GPTDataset.GPTDataset, sizes, lambda: True, config).build()
+                    GPTDataset.GPTDataset, sizes, lambda: True, config
+                ).build()
         except (AssertionError, IndexError) as e:  # megatron's own checks; say which data
-            raise DataError(f"megatron-core could not build samples from data.train/data.valid ({type(e).__name__}: {e})") from None
+            raise DataError(
+                f"megatron-core could not build samples from data.train/data.valid ({type(e).__name__}: {e})"
+            ) from None
 
     train, valid, _ = _build_on_ranks(build, cache)
-    log.info("train: %d samples of %d tokens from %d prefixes (%d tokens)%s", len(train), seq_len,
-             len(train_paths), sum(p.tokens for p in train_prefixes),
-             f"; valid: {len(valid)} samples from {len(valid_paths)} prefixes" if valid is not None else "")
-    return (TokenDataset(train, seq_len, train_prefixes, data.read_mode),
-            TokenDataset(valid, seq_len, valid_prefixes, data.read_mode) if valid is not None else None)
+    log.info(
+        "train: %d samples of %d tokens from %d prefixes (%d tokens)%s",
+        len(train),
+        seq_len,
+        len(train_paths),
+        sum(p.tokens for p in train_prefixes),
+        f"; valid: {len(valid)} samples from {len(valid_paths)} prefixes"
+        if valid is not None
+        else "",
+    )
+    return (
+        TokenDataset(train, seq_len, train_prefixes, data.read_mode),
+        TokenDataset(valid, seq_len, valid_prefixes, data.read_mode) if valid is not None else None,
+    )
 
 
 # ----------------------------------------------------------------------------- loading
@@ -511,8 +561,15 @@ class GlobalBatchSampler(torch.utils.data.Sampler[list[int]]):
     would run past the dataset.
     """
 
-    def __init__(self, num_samples: int, global_batch: int, micro_batch: int, dp_rank: int,
-                 dp_world: int, consumed_samples: int = 0) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch: int,
+        micro_batch: int,
+        dp_rank: int,
+        dp_world: int,
+        consumed_samples: int = 0,
+    ) -> None:
         if dp_world < 1 or not 0 <= dp_rank < dp_world:
             raise ConfigError(f"dp_rank={dp_rank} must be in [0, dp_world={dp_world})")
         if micro_batch < 1 or global_batch % (micro_batch * dp_world):
@@ -542,11 +599,19 @@ class GlobalBatchSampler(torch.utils.data.Sampler[list[int]]):
             start += self.global_batch
 
 
-def make_loader(ds: torch.utils.data.Dataset, global_batch: int, micro_batch: int, dp_rank: int,
-                dp_world: int, consumed_samples: int = 0, num_workers: int = 1
-                ) -> torch.utils.data.DataLoader:
+def make_loader(
+    ds: torch.utils.data.Dataset,
+    global_batch: int,
+    micro_batch: int,
+    dp_rank: int,
+    dp_world: int,
+    consumed_samples: int = 0,
+    num_workers: int = 1,
+) -> torch.utils.data.DataLoader:
     """Micro batches (dicts of stacked tensors) for this rank; see GlobalBatchSampler for the order."""
-    sampler = GlobalBatchSampler(len(ds), global_batch, micro_batch, dp_rank, dp_world, consumed_samples)
+    sampler = GlobalBatchSampler(
+        len(ds), global_batch, micro_batch, dp_rank, dp_world, consumed_samples
+    )
     return torch.utils.data.DataLoader(
         ds,
         batch_sampler=sampler,

@@ -18,6 +18,8 @@ def import_quietly(module: str) -> ModuleType:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
         warnings.filterwarnings("ignore", message=".*Apex.*")
-        warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch.jit use inside megatron
+        warnings.filterwarnings(
+            "ignore", category=DeprecationWarning
+        )  # torch.jit use inside megatron
         logging.getLogger("megatron.core.distributed").setLevel(logging.WARNING)
         return importlib.import_module(module)

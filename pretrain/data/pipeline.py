@@ -47,14 +47,26 @@ class DataSource:
         """This rank's micro batches from sample `consumed` on (a resume neither repeats nor
         skips data)."""
         t = cfg.train
-        return iter(self.make_loader(self.train, t.global_batch_size, t.micro_batch_size,
-                                     env.rank, env.world_size, consumed, cfg.data.num_workers))
+        return iter(
+            self.make_loader(
+                self.train,
+                t.global_batch_size,
+                t.micro_batch_size,
+                env.rank,
+                env.world_size,
+                consumed,
+                cfg.data.num_workers,
+            )
+        )
 
     def valid_batches(self, cfg: Config, env: RankInfo, n: int) -> list:
         """The first `n` validation micro batches of this rank: the same ones every time."""
         t = cfg.train
-        loader = iter(self.make_loader(self.valid, t.global_batch_size, t.micro_batch_size,
-                                       env.rank, env.world_size, 0, 0))
+        loader = iter(
+            self.make_loader(
+                self.valid, t.global_batch_size, t.micro_batch_size, env.rank, env.world_size, 0, 0
+            )
+        )
         out = []
         for batch in loader:
             if len(out) == n:
@@ -90,8 +102,11 @@ def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     check_data_paths(cfg)
     t = cfg.train
     if env.is_main:
-        print(f"building datasets (train {t.train_iters * t.global_batch_size:,} samples "
-              f"of {cfg.seq_len} tokens)", flush=True)
+        print(
+            f"building datasets (train {t.train_iters * t.global_batch_size:,} samples "
+            f"of {cfg.seq_len} tokens)",
+            flush=True,
+        )
     train, valid = dataset.build_datasets(
         cfg.data, cfg.seq_len, t.seed, t.train_iters * t.global_batch_size, valid_samples
     )

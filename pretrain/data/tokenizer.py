@@ -115,19 +115,25 @@ class HFTokenizer(Tokenizer):
     kind = "hf"
     FILE = "tokenizer.json"
 
-    def __init__(self, data: bytes, name: str, eod_token: str | None = None, source: str = "") -> None:
+    def __init__(
+        self, data: bytes, name: str, eod_token: str | None = None, source: str = ""
+    ) -> None:
         from tokenizers import Tokenizer as RustTokenizer
 
         try:
             self._tok = RustTokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # the Rust error says what is wrong with the JSON
-            raise TokenizerError(f"{source or name}: not a valid Hugging Face tokenizer.json ({e})") from None
+            raise TokenizerError(
+                f"{source or name}: not a valid Hugging Face tokenizer.json ({e})"
+            ) from None
         self._data = data
         self.name = name
         self.sha256 = _sha256_bytes(data)
         self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         candidates = (eod_token,) if eod_token else _EOD_CANDIDATES
-        self._eod = next((i for t in candidates if (i := self._tok.token_to_id(t)) is not None), None)
+        self._eod = next(
+            (i for t in candidates if (i := self._tok.token_to_id(t)) is not None), None
+        )
         if self._eod is None:
             raise TokenizerError(
                 f"{source or name}: none of the end-of-document tokens {list(candidates)} is in the "
@@ -136,7 +142,9 @@ class HFTokenizer(Tokenizer):
         self.eod_token = self._tok.id_to_token(self._eod)
 
     @classmethod
-    def from_file(cls, path: Path, name: str | None = None, eod_token: str | None = None) -> HFTokenizer:
+    def from_file(
+        cls, path: Path, name: str | None = None, eod_token: str | None = None
+    ) -> HFTokenizer:
         return cls(path.read_bytes(), name or path.stem, eod_token, source=str(path))
 
     @property
@@ -177,12 +185,16 @@ class SentencePieceTokenizer(Tokenizer):
         try:
             self._sp.LoadFromSerializedProto(data)
         except Exception as e:
-            raise TokenizerError(f"{source or name}: not a valid SentencePiece model ({e})") from None
+            raise TokenizerError(
+                f"{source or name}: not a valid SentencePiece model ({e})"
+            ) from None
         self._data = data
         self.name = name
         self.sha256 = _sha256_bytes(data)
         if self._sp.eos_id() < 0:
-            raise TokenizerError(f"{source or name}: the SentencePiece model has no eos piece to end documents")
+            raise TokenizerError(
+                f"{source or name}: the SentencePiece model has no eos piece to end documents"
+            )
 
     @classmethod
     def from_file(cls, path: Path, name: str | None = None) -> SentencePieceTokenizer:
@@ -250,7 +262,9 @@ class CharTokenizer(Tokenizer):
             payload = json.loads(path.read_text(encoding="utf-8"))
             chars = payload["chars"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise TokenizerError(f"{path}: not a character vocabulary written by CharTokenizer.save ({e})") from None
+            raise TokenizerError(
+                f"{path}: not a character vocabulary written by CharTokenizer.save ({e})"
+            ) from None
         return cls(chars, payload.get("name", "chars"))
 
     @property
@@ -337,9 +351,13 @@ def _load_saved(directory: Path) -> Tokenizer:
         meta = json.loads(meta_path.read_text())
         kind, name = meta["kind"], meta["name"]
     except (OSError, ValueError, KeyError) as e:
-        raise TokenizerError(f"{meta_path}: unreadable tokenizer metadata ({e}); save the tokenizer again") from None
+        raise TokenizerError(
+            f"{meta_path}: unreadable tokenizer metadata ({e}); save the tokenizer again"
+        ) from None
     if kind == "hf":
-        tok: Tokenizer = HFTokenizer.from_file(directory / HFTokenizer.FILE, name, meta.get("eod_token"))
+        tok: Tokenizer = HFTokenizer.from_file(
+            directory / HFTokenizer.FILE, name, meta.get("eod_token")
+        )
     elif kind == "sentencepiece":
         tok = SentencePieceTokenizer.from_file(directory / SentencePieceTokenizer.FILE, name)
     elif kind == "chars":
@@ -369,7 +387,9 @@ def _load_hub(name: str) -> Tokenizer:
         ) from None
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
-        raise TokenizerError(f"{name!r} has no fast tokenizer; pass its tokenizer.json or .model file instead")
+        raise TokenizerError(
+            f"{name!r} has no fast tokenizer; pass its tokenizer.json or .model file instead"
+        )
     eod = hf.eos_token if hf.eos_token else None
     return HFTokenizer(backend.to_str().encode(), name.replace("/", "--"), eod, source=name)
 
@@ -380,9 +400,11 @@ def load_tokenizer(spec: str | Path, eod_token: str | None = None) -> Tokenizer:
     if spec_s == "bytes":
         return ByteTokenizer()
     if spec_s.startswith("chars:"):
-        path = Path(spec_s[len("chars:"):])
+        path = Path(spec_s[len("chars:") :])
         if not path.is_file():
-            raise TokenizerError(f"character vocabulary not found: {path} (written by prepare_data.py beside the data)")
+            raise TokenizerError(
+                f"character vocabulary not found: {path} (written by prepare_data.py beside the data)"
+            )
         return CharTokenizer.from_file(path)
     path = Path(spec_s).expanduser()
     if path.is_dir():
@@ -391,7 +413,9 @@ def load_tokenizer(spec: str | Path, eod_token: str | None = None) -> Tokenizer:
         for fname in ("tokenizer.json", "tokenizer.model"):
             if (path / fname).is_file():
                 return load_tokenizer(path / fname, eod_token)
-        raise TokenizerError(f"{path} is a folder without {META_FILE}, tokenizer.json or tokenizer.model")
+        raise TokenizerError(
+            f"{path} is a folder without {META_FILE}, tokenizer.json or tokenizer.model"
+        )
     if path.is_file():
         if path.suffix == ".json":
             try:
@@ -403,8 +427,14 @@ def load_tokenizer(spec: str | Path, eod_token: str | None = None) -> Tokenizer:
             return HFTokenizer.from_file(path, eod_token=eod_token)
         if path.suffix == ".model":
             return SentencePieceTokenizer.from_file(path)
-        raise TokenizerError(f"{path}: unknown tokenizer file type; expected a tokenizer.json or a SentencePiece .model")
-    looks_like_path = spec_s.startswith((".", "/", "~")) or spec_s.endswith((".json", ".model")) or os.sep * 2 in spec_s
+        raise TokenizerError(
+            f"{path}: unknown tokenizer file type; expected a tokenizer.json or a SentencePiece .model"
+        )
+    looks_like_path = (
+        spec_s.startswith((".", "/", "~"))
+        or spec_s.endswith((".json", ".model"))
+        or os.sep * 2 in spec_s
+    )
     if looks_like_path or spec_s.count("/") > 1:
         raise TokenizerError(f"tokenizer file not found: {spec_s}")
     return _load_hub(spec_s)

@@ -40,8 +40,11 @@ class CompareError(ValueError):
 
 # (column title, key in RunSummary.values)
 COLUMNS: list[tuple[str, str]] = (
-    [("valid loss (final)", "valid_loss_final"), ("valid loss (best)", "valid_loss_best"),
-     ("valid bits/byte", "valid_bits_per_byte")]
+    [
+        ("valid loss (final)", "valid_loss_final"),
+        ("valid loss (best)", "valid_loss_best"),
+        ("valid bits/byte", "valid_bits_per_byte"),
+    ]
     + [(title, f"{task}/{name}") for title, task, name in PAPER_COLUMNS]
     + [(title, f"{task}/{name}") for title, task, name in PPL_COLUMNS]
 )
@@ -161,8 +164,11 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 def runs_table(runs: list[RunSummary]) -> str:
     header = ["run", "seed"] + [t for t, _ in COLUMNS]
-    rows = [[r.name, "" if r.seed is None else str(r.seed)] + [_fmt(r.values.get(k)) for _, k in COLUMNS]
-            for r in runs]
+    rows = [
+        [r.name, "" if r.seed is None else str(r.seed)]
+        + [_fmt(r.values.get(k)) for _, k in COLUMNS]
+        for r in runs
+    ]
     return markdown_table(header, rows)
 
 
@@ -202,7 +208,9 @@ def to_csv(runs: list[RunSummary], groups: list[Group]) -> str:
     return buf.getvalue()
 
 
-def compare(run_dirs: list[str | Path], eval_step: int | None = None) -> tuple[list[RunSummary], list[Group]]:
+def compare(
+    run_dirs: list[str | Path], eval_step: int | None = None
+) -> tuple[list[RunSummary], list[Group]]:
     if not run_dirs:
         raise CompareError("give at least one run folder")
     runs = [summarize_run(r, eval_step) for r in run_dirs]
@@ -221,8 +229,11 @@ class WelchResult:
     p: float  # two-sided
 
 
-def welch_tests(groups: list[Group], baseline: str,
-                keys: tuple[str, ...] = ("valid_loss_best", "valid_loss_final")) -> list[WelchResult]:
+def welch_tests(
+    groups: list[Group],
+    baseline: str,
+    keys: tuple[str, ...] = ("valid_loss_best", "valid_loss_final"),
+) -> list[WelchResult]:
     """Welch's unequal-variance t-test of each group against the `baseline` group, per key.
 
     Needs at least two seeds on both sides (a variance on each); groups with fewer are left
@@ -230,10 +241,13 @@ def welch_tests(groups: list[Group], baseline: str,
     """
     from scipy import stats
 
-    base = next((g for g in groups if g.label == baseline or any(r.name == baseline for r in g.runs)), None)
+    base = next(
+        (g for g in groups if g.label == baseline or any(r.name == baseline for r in g.runs)), None
+    )
     if base is None:
-        raise CompareError(f"--baseline {baseline!r} is none of the groups: "
-                           f"{', '.join(g.label for g in groups)}")
+        raise CompareError(
+            f"--baseline {baseline!r} is none of the groups: {', '.join(g.label for g in groups)}"
+        )
     out = []
     for g in groups:
         if g is base:
@@ -245,30 +259,78 @@ def welch_tests(groups: list[Group], baseline: str,
                 continue
             res = stats.ttest_ind(xs, ys, equal_var=False)
             mx, my = statistics.fmean(xs), statistics.fmean(ys)
-            out.append(WelchResult(g.label, key, mx, my, (mx - my) / my, float(res.statistic),
-                                   float(res.df), float(res.pvalue)))
+            out.append(
+                WelchResult(
+                    g.label,
+                    key,
+                    mx,
+                    my,
+                    (mx - my) / my,
+                    float(res.statistic),
+                    float(res.df),
+                    float(res.pvalue),
+                )
+            )
     return out
 
 
 def welch_table(results: list[WelchResult], baseline: str) -> str:
-    header = ["config", "metric", "mean", f"mean of {baseline}", "difference", "t", "df", "p (two-sided)"]
-    rows = [[r.group, r.key, _fmt(r.mean), _fmt(r.baseline_mean), f"{100 * r.rel_diff:+.2f}%",
-             f"{r.t:.3f}", f"{r.df:.1f}", f"{r.p:.4f}"] for r in results]
+    header = [
+        "config",
+        "metric",
+        "mean",
+        f"mean of {baseline}",
+        "difference",
+        "t",
+        "df",
+        "p (two-sided)",
+    ]
+    rows = [
+        [
+            r.group,
+            r.key,
+            _fmt(r.mean),
+            _fmt(r.baseline_mean),
+            f"{100 * r.rel_diff:+.2f}%",
+            f"{r.t:.3f}",
+            f"{r.df:.1f}",
+            f"{r.p:.4f}",
+        ]
+        for r in results
+    ]
     return markdown_table(header, rows)
 
 
-def markdown_report(runs: list[RunSummary], groups: list[Group], baseline: str | None = None) -> str:
+def markdown_report(
+    runs: list[RunSummary], groups: list[Group], baseline: str | None = None
+) -> str:
     parts = ["## Runs", "", runs_table(runs)]
     if any(len(g.runs) > 1 for g in groups):
         parts += ["", "## Configs (mean ± std over seeds)", "", groups_table(groups)]
     if baseline is not None:
         results = welch_tests(groups, baseline)
         parts += ["", f"## Welch t-tests against {baseline}", ""]
-        parts += [welch_table(results, baseline) if results else
-                  "(no group with at least two seeds on both sides)"]
+        parts += [
+            welch_table(results, baseline)
+            if results
+            else "(no group with at least two seeds on both sides)"
+        ]
     return "\n".join(parts)
 
 
-__all__ = ["COLUMNS", "CompareError", "Group", "RunSummary", "WelchResult", "compare", "group_runs",
-           "groups_table", "markdown_report", "runs_table", "summarize_run", "to_csv",
-           "welch_table", "welch_tests"]
+__all__ = [
+    "COLUMNS",
+    "CompareError",
+    "Group",
+    "RunSummary",
+    "WelchResult",
+    "compare",
+    "group_runs",
+    "groups_table",
+    "markdown_report",
+    "runs_table",
+    "summarize_run",
+    "to_csv",
+    "welch_table",
+    "welch_tests",
+]

@@ -76,13 +76,19 @@ def evaluate_loss(
         nll, count = both[0], both[1]
     tokens = float(count)
     if tokens == 0:
-        raise ValueError("evaluate_loss: the batches held no target tokens (all labels are -100 "
-                         "or the iterable was empty); check the validation data")
+        raise ValueError(
+            "evaluate_loss: the batches held no target tokens (all labels are -100 "
+            "or the iterable was empty); check the validation data"
+        )
     return loss_metrics(float(nll) / tokens, tokens, bytes_per_token, chars_per_token)
 
 
-def loss_metrics(loss: float, tokens: float = float("nan"), bytes_per_token: float | None = None,
-                 chars_per_token: float | None = None) -> dict[str, float]:
+def loss_metrics(
+    loss: float,
+    tokens: float = float("nan"),
+    bytes_per_token: float | None = None,
+    chars_per_token: float | None = None,
+) -> dict[str, float]:
     """The derived figures of a mean loss in nats per token."""
     out = {
         "loss": loss,
@@ -97,7 +103,9 @@ def loss_metrics(loss: float, tokens: float = float("nan"), bytes_per_token: flo
     return out
 
 
-def bytes_per_token(tokenizer: Any, sequences: Iterable[Sequence[int]], unit: str = "byte") -> float:
+def bytes_per_token(
+    tokenizer: Any, sequences: Iterable[Sequence[int]], unit: str = "byte"
+) -> float:
     """UTF-8 bytes (unit="byte") or characters (unit="char") per token of token sequences.
 
     `sequences` are token ids as the model sees them (e.g. `ds[i]["input_ids"]` of the

@@ -27,8 +27,11 @@ def read_curves(run: str | Path) -> Curves:
     curves = Curves(run.name)
     for row in read_metrics(run):
         step = row["step"]
-        for key, dest in (("train/loss", curves.train), ("valid/loss", curves.valid),
-                          ("spikes/loss", curves.spikes)):
+        for key, dest in (
+            ("train/loss", curves.train),
+            ("valid/loss", curves.valid),
+            ("spikes/loss", curves.spikes),
+        ):
             if key in row and row[key] is not None:
                 dest.append((int(step), float(row[key])))
     for seq in (curves.train, curves.valid, curves.spikes):
@@ -45,8 +48,9 @@ def _ema(values: list[float], alpha: float) -> list[float]:
     return out
 
 
-def plot_loss_curves(runs: list[str | Path], out: str | Path, smoothing: float = 0.1,
-                     log_x: bool = False) -> Path:
+def plot_loss_curves(
+    runs: list[str | Path], out: str | Path, smoothing: float = 0.1, log_x: bool = False
+) -> Path:
     """Training loss (raw, faint; EMA-smoothed, solid), validation loss (dots) and spikes
     (red crosses) of each run on one axis. Returns the PNG path."""
     import matplotlib
@@ -66,8 +70,15 @@ def plot_loss_curves(runs: list[str | Path], out: str | Path, smoothing: float =
             ax.plot(steps, _ema(list(losses), smoothing), color=color, linewidth=1.6, label=c.name)
         if c.valid:
             steps, losses = zip(*c.valid, strict=True)
-            ax.plot(steps, losses, "o", color=color, markersize=4, markeredgecolor="black",
-                    markeredgewidth=0.5)
+            ax.plot(
+                steps,
+                losses,
+                "o",
+                color=color,
+                markersize=4,
+                markeredgecolor="black",
+                markeredgewidth=0.5,
+            )
         if c.spikes:
             steps, losses = zip(*c.spikes, strict=True)
             ax.plot(steps, losses, "x", color="red", markersize=8, markeredgewidth=2)

@@ -216,7 +216,9 @@ def evaluate_validation(
         data.valid = list(valid_data)
         data.train, data.train_weights = list(valid_data), None
     if not data.valid:
-        raise EvalError(f"{weights_dir / CONFIG_FILE} has no data.valid; pass --val-data PREFIX_OR_FOLDER")
+        raise EvalError(
+            f"{weights_dir / CONFIG_FILE} has no data.valid; pass --val-data PREFIX_OR_FOLDER"
+        )
     train_cfg = config.get("train") or {}
     seq_len = train_cfg.get("seq_len") or model.cfg.max_seq_len
     _, valid = build_datasets(data, seq_len, train_cfg.get("seed", 1234), 1, samples)
@@ -280,8 +282,13 @@ def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, d
         import lm_eval
 
         path = out / RESULTS_JSON
-        atomic_write(path, json.dumps(outcome.results, indent=2, default=handle_non_serializable,
-                                            ensure_ascii=False) + "\n")
+        atomic_write(
+            path,
+            json.dumps(
+                outcome.results, indent=2, default=handle_non_serializable, ensure_ascii=False
+            )
+            + "\n",
+        )
         outcome.files.append(path)
         lines += [
             f"- lm-eval-harness {lm_eval.__version__}, tasks: {', '.join(tasks)}",

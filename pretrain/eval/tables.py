@@ -31,7 +31,9 @@ PPL_COLUMNS: tuple[tuple[str, str, str], ...] = (
 MISSING = "–"
 
 
-def metric(results: Mapping[str, Any], task: str, name: str, filt: str = "none") -> tuple[float, float] | None:
+def metric(
+    results: Mapping[str, Any], task: str, name: str, filt: str = "none"
+) -> tuple[float, float] | None:
     """(value, stderr) of `name` for `task` from a harness results dict, or None."""
     r = results.get("results", results).get(task)
     if not r or f"{name},{filt}" not in r:
@@ -70,9 +72,21 @@ def _row(results: Mapping[str, Any], columns) -> list[str]:
 
 def paper_tables(results: Mapping[str, Any], label: str = "model") -> str:
     """The accuracy table and the LAMBADA perplexity table, as markdown."""
-    acc = markdown_table(["model"] + [c[0] for c in PAPER_COLUMNS], [[label] + _row(results, PAPER_COLUMNS)])
-    ppl = markdown_table(["model"] + [c[0] for c in PPL_COLUMNS], [[label] + _row(results, PPL_COLUMNS)])
+    acc = markdown_table(
+        ["model"] + [c[0] for c in PAPER_COLUMNS], [[label] + _row(results, PAPER_COLUMNS)]
+    )
+    ppl = markdown_table(
+        ["model"] + [c[0] for c in PPL_COLUMNS], [[label] + _row(results, PPL_COLUMNS)]
+    )
     return acc + "\n" + ppl
 
 
-__all__ = ["MISSING", "PAPER_COLUMNS", "PPL_COLUMNS", "fmt", "markdown_table", "metric", "paper_tables"]
+__all__ = [
+    "MISSING",
+    "PAPER_COLUMNS",
+    "PPL_COLUMNS",
+    "fmt",
+    "markdown_table",
+    "metric",
+    "paper_tables",
+]

@@ -91,4 +91,6 @@ class RotaryEmbedding(nn.Module):
         return self.cos[start:end], self.sin[start:end]
 
     def extra_repr(self) -> str:
-        return f"rotary_dims={self.rotary_dims}, max_seq_len={self.max_seq_len}, theta={self.theta:g}"
+        return (
+            f"rotary_dims={self.rotary_dims}, max_seq_len={self.max_seq_len}, theta={self.theta:g}"
+        )

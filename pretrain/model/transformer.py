@@ -241,4 +241,3 @@ class Transformer(nn.Module):
         c = self.cfg
         T = seq_len or c.max_seq_len
         return 6 * self.matmul_params() + 12 * c.n_layers * c.n_heads * c.head_dim * T
-

@@ -32,8 +32,12 @@ from pretrain.run_layout import (
 WEIGHTS_FILE = "model.safetensors"
 
 
-def save_weights(model: Transformer, directory: str | Path, config: dict[str, Any] | None = None,
-                 dtype: torch.dtype | None = torch.float32) -> Path:
+def save_weights(
+    model: Transformer,
+    directory: str | Path,
+    config: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = torch.float32,
+) -> Path:
     """Write the weights and the run config into `directory` (created)."""
     from safetensors.torch import save
 
@@ -44,7 +48,9 @@ def save_weights(model: Transformer, directory: str | Path, config: dict[str, An
         if name == "lm_head.weight" and model.cfg.tie_embeddings:
             continue  # tied to wte.weight; safetensors refuses shared storage
         t = t.detach()
-        state[name] = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous().cpu()
+        state[name] = (
+            (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous().cpu()
+        )
     full = dict(config or {})
     full["model"] = to_dict(model.cfg)
     atomic_write(directory / CONFIG_FILE, yaml.safe_dump(full, sort_keys=False))
@@ -55,8 +61,10 @@ def save_weights(model: Transformer, directory: str | Path, config: dict[str, An
 def read_config(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise ConfigError(f"{path} not found: {directory} is not a weights folder "
-                          f"(expected {WEIGHTS_FILE} and {CONFIG_FILE})")
+        raise ConfigError(
+            f"{path} not found: {directory} is not a weights folder "
+            f"(expected {WEIGHTS_FILE} and {CONFIG_FILE})"
+        )
     try:
         return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -80,16 +88,19 @@ def _damaged(directory: Path) -> str | None:
     return None
 
 
-def load_weights(directory: str | Path, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None) -> tuple[Transformer, dict[str, Any]]:
+def load_weights(
+    directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Transformer, dict[str, Any]]:
     """Rebuild the model from a weights folder. Returns (model in eval mode, full config)."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
     problem = _damaged(directory)
     if problem:
-        raise ConfigError(f"{directory} is damaged: {problem}; use an earlier checkpoint "
-                          f"(python tools/check_checkpoint.py RUN lists the intact ones)")
+        raise ConfigError(
+            f"{directory} is damaged: {problem}; use an earlier checkpoint "
+            f"(python tools/check_checkpoint.py RUN lists the intact ones)"
+        )
     config = read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
@@ -100,8 +111,10 @@ def load_weights(directory: str | Path, device: str | torch.device = "cpu",
     try:
         state = load_file(str(weights), device=str(device))
     except Exception as e:  # safetensors' own error types: a file that is not safetensors
-        raise ConfigError(f"{weights} cannot be read ({type(e).__name__}: {e}); "
-                          f"write it again or use an earlier checkpoint") from None
+        raise ConfigError(
+            f"{weights} cannot be read ({type(e).__name__}: {e}); "
+            f"write it again or use an earlier checkpoint"
+        ) from None
     if cfg.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -118,7 +131,9 @@ def find_weights_dir(path: str | Path, step: int | None = None) -> Path:
     """A weights folder from a run folder (newest, or `step`), a checkpoints folder, or itself."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path} does not exist; give a run folder (runs/NAME) or a weights folder")
+        raise ConfigError(
+            f"{path} does not exist; give a run folder (runs/NAME) or a weights folder"
+        )
     if (path / WEIGHTS_FILE).is_file() and step is None:
         return path
     ckpts = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
@@ -126,7 +141,9 @@ def find_weights_dir(path: str | Path, step: int | None = None) -> Path:
         found = ckpts / step_tag(step)
         if not (found / WEIGHTS_FILE).is_file():
             have = sorted(p.name for p in ckpts.glob("step_*") if (p / WEIGHTS_FILE).is_file())
-            raise ConfigError(f"no weights for step {step} in {ckpts}; available: {', '.join(have) or 'none'}")
+            raise ConfigError(
+                f"no weights for step {step} in {ckpts}; available: {', '.join(have) or 'none'}"
+            )
         return found
     latest = ckpts / LATEST_FILE
     if latest.is_file():
@@ -135,6 +152,8 @@ def find_weights_dir(path: str | Path, step: int | None = None) -> Path:
             return found
     have = sorted(p for p in ckpts.glob("step_*") if (p / WEIGHTS_FILE).is_file())
     if not have:
-        raise ConfigError(f"no checkpoint with weights under {ckpts}; train first, or pass a "
-                          f"folder holding {WEIGHTS_FILE}")
+        raise ConfigError(
+            f"no checkpoint with weights under {ckpts}; train first, or pass a "
+            f"folder holding {WEIGHTS_FILE}"
+        )
     return have[-1]

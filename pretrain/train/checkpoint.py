@@ -55,8 +55,14 @@ from pretrain.train.distributed import barrier
 _PAUSE_ENV = "PRETRAIN_TEST_PAUSE_BEFORE_COMMIT"
 # "POINT:STEP": the process dies (as kill -9 would: no clean-up) at that point of saving STEP.
 _FAULT_ENV = "PRETRAIN_TEST_KILL_DURING_SAVE"
-FAULT_POINTS = ("after_engine_save", "after_weights", "mid_marker", "before_commit",
-                "before_latest", "before_retention")
+FAULT_POINTS = (
+    "after_engine_save",
+    "after_weights",
+    "mid_marker",
+    "before_commit",
+    "before_latest",
+    "before_retention",
+)
 
 
 def _fault_at(point: str, step: int) -> bool:
@@ -109,9 +115,9 @@ class CheckpointError(ConfigError):
     label = "checkpoint error"
 
 
-
-
-def verify_checkpoint(folder: Path, checksum: bool = True, files: list[str] | None = None) -> list[str]:
+def verify_checkpoint(
+    folder: Path, checksum: bool = True, files: list[str] | None = None
+) -> list[str]:
     """What is wrong with a complete checkpoint folder ([] when intact): its marker must parse,
     and each file it records must have the recorded size (and CRC-32, with `checksum`).
     `files` restricts the check to some of the recorded files (a rank's share).
@@ -140,8 +146,9 @@ def _gather(values: list) -> list:
     return [v for part in out for v in part]
 
 
-def find_resume_tag(ckpt_dir: Path, verify: str = "checksum", rank: int = 0,
-                    world_size: int = 1) -> str | None:
+def find_resume_tag(
+    ckpt_dir: Path, verify: str = "checksum", rank: int = 0, world_size: int = 1
+) -> str | None:
     """The newest checkpoint that passes verification (`latest` first when complete).
 
     verify: "checksum", "size" or "none". Every rank calls it with the process group up (or
@@ -175,8 +182,11 @@ def find_resume_tag(ckpt_dir: Path, verify: str = "checksum", rank: int = 0,
         damaged.append(tag)
         if rank == 0:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            print(f"warning: checkpoint {folder} is damaged: {problems[0]}{more}; "
-                  f"falling back to the previous one", flush=True)
+            print(
+                f"warning: checkpoint {folder} is damaged: {problems[0]}{more}; "
+                f"falling back to the previous one",
+                flush=True,
+            )
     if damaged:
         raise CheckpointError(
             f"no intact checkpoint in {ckpt_dir} ({', '.join(damaged)} damaged; "
@@ -254,10 +264,17 @@ class Checkpointer:
         barrier()
         # Sizes and checksums of every file, the ranks sharing the reading.
         files = checkpoint_files(tmp)
-        records = _gather([(rel, file_record(tmp / rel)) for rel in _share(files, self.rank, self.world_size)])
+        records = _gather(
+            [(rel, file_record(tmp / rel)) for rel in _share(files, self.rank, self.world_size)]
+        )
         if self.rank == 0:
-            state = {**state, "step": step, "world_size": self.world_size, "saved_at": time.time(),
-                     "files": dict(sorted(records))}
+            state = {
+                **state,
+                "step": step,
+                "world_size": self.world_size,
+                "saved_at": time.time(),
+                "files": dict(sorted(records)),
+            }
             text = json.dumps(state, indent=1)
             if _fault_at("mid_marker", step):  # half the marker on disk, then the kill
                 (tmp / STATE_FILE).write_text(text[: len(text) // 2])

@@ -72,11 +72,15 @@ def optimizer_impl(cfg: Config, device: torch.device) -> str:
             return "deepspeed"
         return "fused" if _torch_fused_supported(device) else "foreach"
     if impl == "fused" and not _torch_fused_supported(device):
-        raise ConfigError(f"optim.impl=fused: torch has no fused AdamW for {device.type}; use auto or foreach")
+        raise ConfigError(
+            f"optim.impl=fused: torch has no fused AdamW for {device.type}; use auto or foreach"
+        )
     return impl
 
 
-def build_optimizer(cfg: Config, model: Transformer, device: torch.device) -> torch.optim.Optimizer | None:
+def build_optimizer(
+    cfg: Config, model: Transformer, device: torch.device
+) -> torch.optim.Optimizer | None:
     """The client optimizer handed to DeepSpeed (None: DeepSpeed builds its own from the config).
 
     DeepSpeed wraps any torch optimizer the same way as its own: under bf16 + ZeRO-1
@@ -87,9 +91,15 @@ def build_optimizer(cfg: Config, model: Transformer, device: torch.device) -> to
     if impl == "deepspeed":
         return None
     o = cfg.optim
-    return torch.optim.AdamW(param_groups(model, cfg), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                             weight_decay=o.weight_decay, fused=impl == "fused",
-                             foreach=impl == "foreach")
+    return torch.optim.AdamW(
+        param_groups(model, cfg),
+        lr=o.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        fused=impl == "fused",
+        foreach=impl == "foreach",
+    )
 
 
 def param_groups(model: Transformer, cfg: Config) -> list[dict[str, Any]]:

@@ -59,7 +59,9 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         self.data = data
-        self.callbacks = callbacks if callbacks is not None else build_callbacks(cfg, save_checkpoints)
+        self.callbacks = (
+            callbacks if callbacks is not None else build_callbacks(cfg, save_checkpoints)
+        )
         self.layout = RunLayout(cfg.logging.run_dir, cfg.checkpoint.dir)
         self.resolved: dict[str, Any] = to_dict(cfg)
         self.step = 0  # optimizer steps done
@@ -77,8 +79,10 @@ class Trainer:
         try:
             self.setup()
             if self.step >= self.cfg.train.train_iters:
-                self.log(f"run already finished: step {self.step} >= "
-                         f"train.train_iters={self.cfg.train.train_iters}")
+                self.log(
+                    f"run already finished: step {self.step} >= "
+                    f"train.train_iters={self.cfg.train.train_iters}"
+                )
                 exit_code = EXIT_OK
                 return exit_code
             self.fire("on_train_start")
@@ -112,19 +116,30 @@ class Trainer:
         self.consumed += self.cfg.train.global_batch_size
         # One collective per step: the global mean loss, "did any rank get a signal", and the
         # sum of the step's token ids (a fingerprint that shows a resume read the same data).
-        flag = torch.tensor(float(self.stop_signal is not None), dtype=torch.float64,
-                            device=self.device)
-        stats = dist_utils.all_reduce_sum(torch.stack([loss_sum / self.grad_accum, flag, token_sum]))
+        flag = torch.tensor(
+            float(self.stop_signal is not None), dtype=torch.float64, device=self.device
+        )
+        stats = dist_utils.all_reduce_sum(
+            torch.stack([loss_sum / self.grad_accum, flag, token_sum])
+        )
         loss, stopping = float(stats[0]) / self.env.world_size, float(stats[1]) > 0
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = None if grad_norm is None else float(grad_norm)
         scalars = {"train/loss": loss, "train/lr": lr}
         if grad_norm is not None:
             scalars["train/grad_norm"] = grad_norm
-        return StepOutput(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr,
-                          tokens=self.tokens_per_step, batch_token_sum=float(stats[2]),
-                          stopping=stopping, first_input=first,
-                          log=self._is_log_step(stopping), scalars=scalars)
+        return StepOutput(
+            step=self.step,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=self.tokens_per_step,
+            batch_token_sum=float(stats[2]),
+            stopping=stopping,
+            first_input=first,
+            log=self._is_log_step(stopping),
+            scalars=scalars,
+        )
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss of one micro batch, its backward, and the engine's step (which applies the
@@ -150,8 +165,11 @@ class Trainer:
             self.layout.root.mkdir(parents=True, exist_ok=True)
             self._warn_config_changes()
 
-        self.eval_enabled = (bool(cfg.data.valid or self.data is not None)
-                             and t.eval_interval > 0 and t.eval_iters > 0)
+        self.eval_enabled = (
+            bool(cfg.data.valid or self.data is not None)
+            and t.eval_interval > 0
+            and t.eval_iters > 0
+        )
         if self.data is None:
             valid_samples = t.eval_iters * t.global_batch_size if self.eval_enabled else 0
             self.data = build_data(cfg, self.env, valid_samples)
@@ -159,19 +177,22 @@ class Trainer:
 
         self.engine = build_engine(cfg, self.env.world_size, self.device)
         self.module: Transformer = self.engine.module
-        self.checkpointer = Checkpointer(self.layout.checkpoints, cfg.checkpoint.keep_last,
-                                         self.env.rank, self.env.world_size)
+        self.checkpointer = Checkpointer(
+            self.layout.checkpoints, cfg.checkpoint.keep_last, self.env.rank, self.env.world_size
+        )
         if cfg.checkpoint.resume:
             self._resume()
         if self.is_main:
-            atomic_write(self.layout.config, yaml.safe_dump(self.resolved, sort_keys=False),
-                         fsync=False)
+            atomic_write(
+                self.layout.config, yaml.safe_dump(self.resolved, sort_keys=False), fsync=False
+            )
         self.tokens_per_step = t.global_batch_size * cfg.seq_len
         self._batches = self.data.train_batches(cfg, self.env, self.consumed)
 
     def _resume(self) -> None:
-        tag = find_resume_tag(self.layout.checkpoints, self.cfg.checkpoint.verify, self.env.rank,
-                              self.env.world_size)
+        tag = find_resume_tag(
+            self.layout.checkpoints, self.cfg.checkpoint.verify, self.env.rank, self.env.world_size
+        )
         if tag is None:
             return
         folder = self.layout.checkpoints / tag
@@ -224,7 +245,9 @@ class Trainer:
         return folder
 
     def valid_batches(self) -> list:
-        return self.data.valid_batches(self.cfg, self.env, self.cfg.train.eval_iters * self.grad_accum)
+        return self.data.valid_batches(
+            self.cfg, self.env, self.cfg.train.eval_iters * self.grad_accum
+        )
 
     def fire(self, hook: str, *args: Any) -> None:
         for cb in self.callbacks:
@@ -254,7 +277,9 @@ class Trainer:
 
     def _is_log_step(self, stopping: bool) -> bool:
         t = self.cfg.train
-        return self.step % self.cfg.logging.log_interval == 0 or self.step == t.train_iters or stopping
+        return (
+            self.step % self.cfg.logging.log_interval == 0 or self.step == t.train_iters or stopping
+        )
 
     def _warn_config_changes(self) -> None:
         """On a re-run, say which settings differ from the run config saved by the last one."""

@@ -18,8 +18,16 @@ TASKS_DIR = Path(__file__).resolve().parent
 
 # The paper's suite: the Pythia evaluation tasks plus PubMedQA.
 PAPER_SUITE: tuple[str, ...] = (
-    "arc_challenge", "arc_easy", "logiqa", "lambada_openai", "lambada_standard",
-    "piqa", "sciq", "pubmedqa", "winogrande", "wsc273",
+    "arc_challenge",
+    "arc_easy",
+    "logiqa",
+    "lambada_openai",
+    "lambada_standard",
+    "piqa",
+    "sciq",
+    "pubmedqa",
+    "winogrande",
+    "wsc273",
 )
 SUITES: dict[str, tuple[str, ...]] = {"paper": PAPER_SUITE}
 
@@ -34,15 +42,19 @@ def resolve_tasks(spec: str) -> list[str]:
             if task not in out:
                 out.append(task)
     if not out:
-        raise EvalDataError(f"--tasks {spec!r} names no task; use 'paper' or a comma-separated list")
+        raise EvalDataError(
+            f"--tasks {spec!r} names no task; use 'paper' or a comma-separated list"
+        )
     return out
 
 
 def local_yaml(task: str) -> Path:
     path = TASKS_DIR / f"{task}.yaml"
     if not path.is_file():
-        raise EvalDataError(f"task {task!r} has no offline config in {TASKS_DIR}; offline tasks: "
-                            f"{', '.join(sorted(p.stem for p in TASKS_DIR.glob('*.yaml')))}")
+        raise EvalDataError(
+            f"task {task!r} has no offline config in {TASKS_DIR}; offline tasks: "
+            f"{', '.join(sorted(p.stem for p in TASKS_DIR.glob('*.yaml')))}"
+        )
     return path
 
 
@@ -53,8 +65,9 @@ def load_local_config(task: str) -> dict[str, Any]:
     return load_yaml(local_yaml(task), resolve_func=True)
 
 
-def local_task_configs(tasks: Sequence[str], data_dir: str | Path,
-                       prepared_dir: str | Path) -> list[dict[str, Any]]:
+def local_task_configs(
+    tasks: Sequence[str], data_dir: str | Path, prepared_dir: str | Path
+) -> list[dict[str, Any]]:
     """Task configs for `lm_eval.simple_evaluate(tasks=...)` reading local data.
 
     Converts the files of `data_dir` into `prepared_dir/<task>.jsonl` and points each
@@ -70,15 +83,27 @@ def local_task_configs(tasks: Sequence[str], data_dir: str | Path,
         path, source = prepared[task]
         files = cfg.setdefault("dataset_kwargs", {}).setdefault("data_files", {})
         if len(files) != 1:
-            raise EvalDataError(f"{local_yaml(task)}: dataset_kwargs.data_files must name one split")
+            raise EvalDataError(
+                f"{local_yaml(task)}: dataset_kwargs.data_files must name one split"
+            )
         split = next(iter(files))
         files[split] = str(path)
         meta = cfg.setdefault("metadata", {})
-        meta["local_data"] = {"files": [str(Path(data_dir).resolve() / f) for f in source.files],
-                              "source_split": source.split, "harness_split": TASK_DATA[task].split}
+        meta["local_data"] = {
+            "files": [str(Path(data_dir).resolve() / f) for f in source.files],
+            "source_split": source.split,
+            "harness_split": TASK_DATA[task].split,
+        }
         configs.append(cfg)
     return configs
 
 
-__all__ = ["PAPER_SUITE", "SUITES", "TASKS_DIR", "EvalDataError", "load_local_config",
-           "local_task_configs", "resolve_tasks"]
+__all__ = [
+    "PAPER_SUITE",
+    "SUITES",
+    "TASKS_DIR",
+    "EvalDataError",
+    "load_local_config",
+    "local_task_configs",
+    "resolve_tasks",
+]

@@ -50,8 +50,10 @@ def read_jsonl(paths: Sequence[Path]) -> list[dict[str, Any]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise EvalDataError(f"{paths[0]}:{n}: not valid JSON ({e.msg}); expected "
-                                        f"one JSON object per line") from None
+                    raise EvalDataError(
+                        f"{paths[0]}:{n}: not valid JSON ({e.msg}); expected "
+                        f"one JSON object per line"
+                    ) from None
     return rows
 
 
@@ -68,14 +70,18 @@ def read_logiqa(paths: Sequence[Path]) -> list[dict[str, Any]]:
     for n, block in enumerate(text.strip().split("\n\n")):
         lines = block.split("\n")
         if len(lines) < 7:
-            raise EvalDataError(f"{paths[0]}: example {n} has {len(lines)} lines, LogiQA "
-                                f"blocks have 7 (answer, passage, question, 4 options)")
-        rows.append({
-            "label": lines[0].strip(),
-            "context": normalize(lines[1]),
-            "question": normalize(lines[2]),
-            "options": [normalize(option[2:]) for option in lines[3:]],
-        })
+            raise EvalDataError(
+                f"{paths[0]}: example {n} has {len(lines)} lines, LogiQA "
+                f"blocks have 7 (answer, passage, question, 4 options)"
+            )
+        rows.append(
+            {
+                "label": lines[0].strip(),
+                "context": normalize(lines[1]),
+                "question": normalize(lines[2]),
+                "options": [normalize(option[2:]) for option in lines[3:]],
+            }
+        )
     return rows
 
 
@@ -96,20 +102,24 @@ def read_wsc273(paths: Sequence[Path]) -> list[dict[str, Any]]:
         q_left, q_right = clean(quote.findtext("quote1", "")), clean(quote.findtext("quote2", ""))
         pronoun = clean(text.findtext("pron"))
         pronoun_loc = len(left) + 1 if left else 0
-        rows.append({
-            "text": " ".join([left, pronoun, right]).strip(),
-            "pronoun": pronoun,
-            "pronoun_loc": pronoun_loc,
-            "quote": " ".join([q_left, pronoun, q_right]).strip(),
-            "quote_loc": pronoun_loc - (len(q_left) + 1 if q_left else 0),
-            "options": [clean(a.text) for a in schema.find("answers").findall("answer")],
-            # "  A. " or " B " -> 0 / 1
-            "label": int("B" in clean(schema.findtext("correctAnswer"))),
-            "source": clean(schema.findtext("source")),
-        })
+        rows.append(
+            {
+                "text": " ".join([left, pronoun, right]).strip(),
+                "pronoun": pronoun,
+                "pronoun_loc": pronoun_loc,
+                "quote": " ".join([q_left, pronoun, q_right]).strip(),
+                "quote_loc": pronoun_loc - (len(q_left) + 1 if q_left else 0),
+                "options": [clean(a.text) for a in schema.find("answers").findall("answer")],
+                # "  A. " or " B " -> 0 / 1
+                "label": int("B" in clean(schema.findtext("correctAnswer"))),
+                "source": clean(schema.findtext("source")),
+            }
+        )
     if len(rows) != 273:
-        raise EvalDataError(f"{paths[0]}: {len(rows)} schemas, WSC273 needs the first 273 of "
-                            f"the 285 in Ernest Davis's WSCollection.xml")
+        raise EvalDataError(
+            f"{paths[0]}: {len(rows)} schemas, WSC273 needs the first 273 of "
+            f"the 285 in Ernest Davis's WSCollection.xml"
+        )
     return rows
 
 
@@ -122,8 +132,10 @@ def read_pubmedqa(paths: Sequence[Path]) -> list[dict[str, Any]]:
     test = json.loads(Path(paths[1]).read_text(encoding="utf-8"))
     missing = [pmid for pmid in test if pmid not in pqal]
     if missing:
-        raise EvalDataError(f"{paths[0]} lacks {len(missing)} test PMIDs of {paths[1]} "
-                            f"(e.g. {missing[0]}); use the PQA-L ori_pqal.json")
+        raise EvalDataError(
+            f"{paths[0]} lacks {len(missing)} test PMIDs of {paths[1]} "
+            f"(e.g. {missing[0]}); use the PQA-L ori_pqal.json"
+        )
 
     def as_list(v: Any) -> list[str]:
         return ast.literal_eval(v) if isinstance(v, str) else list(v)
@@ -131,18 +143,20 @@ def read_pubmedqa(paths: Sequence[Path]) -> list[dict[str, Any]]:
     rows = []
     for pmid in test:
         d = pqal[pmid]
-        rows.append({
-            "QUESTION": d["QUESTION"],
-            "CONTEXTS": as_list(d["CONTEXTS"]),
-            "LABELS": as_list(d["LABELS"]),
-            "MESHES": as_list(d.get("MESHES", [])),
-            "YEAR": d.get("YEAR"),
-            "reasoning_required_pred": d.get("reasoning_required_pred"),
-            "reasoning_free_pred": d.get("reasoning_free_pred"),
-            "final_decision": d["final_decision"],
-            "LONG_ANSWER": d.get("LONG_ANSWER"),
-            "pubid": pmid,
-        })
+        rows.append(
+            {
+                "QUESTION": d["QUESTION"],
+                "CONTEXTS": as_list(d["CONTEXTS"]),
+                "LABELS": as_list(d["LABELS"]),
+                "MESHES": as_list(d.get("MESHES", [])),
+                "YEAR": d.get("YEAR"),
+                "reasoning_required_pred": d.get("reasoning_required_pred"),
+                "reasoning_free_pred": d.get("reasoning_free_pred"),
+                "final_decision": d["final_decision"],
+                "LONG_ANSWER": d.get("LONG_ANSWER"),
+                "pubid": pmid,
+            }
+        )
     return rows
 
 
@@ -174,57 +188,107 @@ def _jsonl(name: str, split: str) -> Source:
     return Source((name,), split, read_jsonl)
 
 
-TASK_DATA: dict[str, TaskData] = {t.task: t for t in [
-    TaskData("arc_challenge", "test",
-             (_jsonl("arc_challenge_test.jsonl", "test"),
-              _jsonl("arc_challenge_validation.jsonl", "validation")),
-             "allenai/ai2_arc ARC-Challenge as JSON lines"),
-    TaskData("arc_easy", "test",
-             (_jsonl("arc_easy_test.jsonl", "test"), _jsonl("arc_easy_validation.jsonl", "validation")),
-             "allenai/ai2_arc ARC-Easy as JSON lines"),
-    TaskData("logiqa", "test",
-             (Source(("logiqa_Test.txt",), "test", read_logiqa),),
-             "Test.txt of github.com/lgw863/LogiQA-dataset"),
-    TaskData("lambada_openai", "test",
-             (_jsonl("lambada_openai_test.jsonl", "test"), _jsonl("lambada_test.jsonl", "test")),
-             "OpenAI's lambada_test.jsonl (EleutherAI/lambada_openai, config default)"),
-    TaskData("lambada_standard", "test",
-             (_jsonl("lambada_standard_test.jsonl", "test"),
-              Source(("lambada_test_plain_text.txt",), "test", read_lambada_plain)),
-             "lambada_test_plain_text.txt of the original LAMBADA release "
-             "(zenodo.org/record/2630551, lambada-dataset.tar.gz), or cimec/lambada's test split "
-             "as JSON lines"),
-    TaskData("piqa", "validation", (_jsonl("piqa_validation.jsonl", "validation"),),
-             "PIQA's validation split as JSON lines (goal, sol1, sol2, label)"),
-    TaskData("sciq", "test",
-             (_jsonl("sciq_test.jsonl", "test"), _jsonl("sciq_validation.jsonl", "validation")),
-             "allenai/sciq as JSON lines"),
-    TaskData("pubmedqa", "test",
-             (Source(("pubmedqa_ori_pqal.json", "pubmedqa_test_ground_truth.json"), "test",
-                     read_pubmedqa),),
-             "data/ori_pqal.json and data/test_ground_truth.json of github.com/pubmedqa/pubmedqa"),
-    TaskData("winogrande", "validation",
-             (_jsonl("winogrande_xl_validation.jsonl", "validation"),),
-             "allenai/winogrande winogrande_xl validation split as JSON lines"),
-    TaskData("wsc273", "test", (Source(("wsc_WSCollection.xml",), "test", read_wsc273),),
-             "WSCollection.xml of Ernest Davis's Winograd Schema Collection"),
-]}
+TASK_DATA: dict[str, TaskData] = {
+    t.task: t
+    for t in [
+        TaskData(
+            "arc_challenge",
+            "test",
+            (
+                _jsonl("arc_challenge_test.jsonl", "test"),
+                _jsonl("arc_challenge_validation.jsonl", "validation"),
+            ),
+            "allenai/ai2_arc ARC-Challenge as JSON lines",
+        ),
+        TaskData(
+            "arc_easy",
+            "test",
+            (
+                _jsonl("arc_easy_test.jsonl", "test"),
+                _jsonl("arc_easy_validation.jsonl", "validation"),
+            ),
+            "allenai/ai2_arc ARC-Easy as JSON lines",
+        ),
+        TaskData(
+            "logiqa",
+            "test",
+            (Source(("logiqa_Test.txt",), "test", read_logiqa),),
+            "Test.txt of github.com/lgw863/LogiQA-dataset",
+        ),
+        TaskData(
+            "lambada_openai",
+            "test",
+            (_jsonl("lambada_openai_test.jsonl", "test"), _jsonl("lambada_test.jsonl", "test")),
+            "OpenAI's lambada_test.jsonl (EleutherAI/lambada_openai, config default)",
+        ),
+        TaskData(
+            "lambada_standard",
+            "test",
+            (
+                _jsonl("lambada_standard_test.jsonl", "test"),
+                Source(("lambada_test_plain_text.txt",), "test", read_lambada_plain),
+            ),
+            "lambada_test_plain_text.txt of the original LAMBADA release "
+            "(zenodo.org/record/2630551, lambada-dataset.tar.gz), or cimec/lambada's test split "
+            "as JSON lines",
+        ),
+        TaskData(
+            "piqa",
+            "validation",
+            (_jsonl("piqa_validation.jsonl", "validation"),),
+            "PIQA's validation split as JSON lines (goal, sol1, sol2, label)",
+        ),
+        TaskData(
+            "sciq",
+            "test",
+            (_jsonl("sciq_test.jsonl", "test"), _jsonl("sciq_validation.jsonl", "validation")),
+            "allenai/sciq as JSON lines",
+        ),
+        TaskData(
+            "pubmedqa",
+            "test",
+            (
+                Source(
+                    ("pubmedqa_ori_pqal.json", "pubmedqa_test_ground_truth.json"),
+                    "test",
+                    read_pubmedqa,
+                ),
+            ),
+            "data/ori_pqal.json and data/test_ground_truth.json of github.com/pubmedqa/pubmedqa",
+        ),
+        TaskData(
+            "winogrande",
+            "validation",
+            (_jsonl("winogrande_xl_validation.jsonl", "validation"),),
+            "allenai/winogrande winogrande_xl validation split as JSON lines",
+        ),
+        TaskData(
+            "wsc273",
+            "test",
+            (Source(("wsc_WSCollection.xml",), "test", read_wsc273),),
+            "WSCollection.xml of Ernest Davis's Winograd Schema Collection",
+        ),
+    ]
+}
 
 
 def find_source(task: str, data_dir: str | Path) -> Source:
     """The first source of `task` present in data_dir; a prepared `<task>.jsonl` wins."""
     data_dir = Path(data_dir)
     if task not in TASK_DATA:
-        raise EvalDataError(f"no local data recipe for task {task!r}; tasks with one: "
-                            f"{', '.join(TASK_DATA)}")
+        raise EvalDataError(
+            f"no local data recipe for task {task!r}; tasks with one: {', '.join(TASK_DATA)}"
+        )
     spec = TASK_DATA[task]
     sources = (_jsonl(f"{task}.jsonl", spec.split),) + spec.sources
     for source in sources:
         if all((data_dir / f).is_file() for f in source.files):
             return source
     wanted = " or ".join("+".join(s.files) for s in sources)
-    raise EvalDataError(f"task {task}: no data file in {data_dir}: looked for {wanted}; get "
-                        f"{spec.hint} and put it there (see docs/evaluation.md)")
+    raise EvalDataError(
+        f"task {task}: no data file in {data_dir}: looked for {wanted}; get "
+        f"{spec.hint} and put it there (see docs/evaluation.md)"
+    )
 
 
 def load_rows(task: str, data_dir: str | Path) -> tuple[list[dict[str, Any]], Source]:
@@ -242,8 +306,9 @@ def _write_if_changed(path: Path, data: bytes) -> None:
     atomic_write(path, data, fsync=False)
 
 
-def prepare_task_data(tasks: Sequence[str], data_dir: str | Path,
-                      output_dir: str | Path) -> dict[str, tuple[Path, Source]]:
+def prepare_task_data(
+    tasks: Sequence[str], data_dir: str | Path, output_dir: str | Path
+) -> dict[str, tuple[Path, Source]]:
     """Write `<task>.jsonl` for each task into output_dir. Returns task -> (file, source).
 
     Every task's file is checked before anything is written, so a missing file is reported
@@ -261,21 +326,34 @@ def prepare_task_data(tasks: Sequence[str], data_dir: str | Path,
         path = output_dir / f"{task}.jsonl"
         _write_if_changed(path, data)
         if source.split != TASK_DATA[task].split:
-            log.warning("%s: scoring the %s split (%s); the harness scores %s, so numbers are "
-                        "not comparable with published ones", task, source.split,
-                        source.files[0], TASK_DATA[task].split)
+            log.warning(
+                "%s: scoring the %s split (%s); the harness scores %s, so numbers are "
+                "not comparable with published ones",
+                task,
+                source.split,
+                source.files[0],
+                TASK_DATA[task].split,
+            )
         out[task] = (path, source)
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data-dir", required=True, help="folder with the original task files")
     p.add_argument("--output", required=True, help="folder to write <task>.jsonl into")
-    p.add_argument("--tasks", default=",".join(TASK_DATA),
-                   help="comma-separated tasks (default: all with a local recipe)")
-    p.add_argument("--skip-missing", action="store_true",
-                   help="skip tasks whose files are missing instead of stopping")
+    p.add_argument(
+        "--tasks",
+        default=",".join(TASK_DATA),
+        help="comma-separated tasks (default: all with a local recipe)",
+    )
+    p.add_argument(
+        "--skip-missing",
+        action="store_true",
+        help="skip tasks whose files are missing instead of stopping",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     tasks = [t for t in args.tasks.split(",") if t]

@@ -24,8 +24,11 @@ def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
     from pretrain.config_checks import callback_class
 
     log = cfg.logging
-    out: list[Callback] = [Preemption(), SpeedMonitor(),
-                           SpikeMonitor(log.spike_window, log.spike_threshold)]
+    out: list[Callback] = [
+        Preemption(),
+        SpeedMonitor(),
+        SpikeMonitor(log.spike_window, log.spike_threshold),
+    ]
     if log.max_logit_interval > 0:
         out.append(MaxLogitMonitor(log.max_logit_interval))
     out += [ConsoleProgress(), Evaluation()]

@@ -18,5 +18,7 @@ class Checkpointing(Callback):
 
     def on_fit_end(self, trainer, exit_code) -> None:
         if exit_code == 0 and trainer.train_started and self.last_saved is not None:
-            trainer.log(f"checkpoint:  {trainer.layout.checkpoints / step_tag(self.last_saved)} "
-                        f"(weights: model.safetensors)")
+            trainer.log(
+                f"checkpoint:  {trainer.layout.checkpoints / step_tag(self.last_saved)} "
+                f"(weights: model.safetensors)"
+            )

@@ -80,8 +80,11 @@ class Samples(Callback):
                 if not ids or room <= 0:
                     continue
                 out = trainer.module.generate(
-                    torch.tensor([ids], device=trainer.device), max_new_tokens=min(200, room),
-                    temperature=0.8, top_k=50, generator=gen,
+                    torch.tensor([ids], device=trainer.device),
+                    max_new_tokens=min(200, room),
+                    temperature=0.8,
+                    top_k=50,
+                    generator=gen,
                 )
                 print("-" * 60 + "\n" + tok.decode(out[0].tolist()), flush=True)
         print("-" * 60, flush=True)

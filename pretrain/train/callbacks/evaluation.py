@@ -13,8 +13,11 @@ class Evaluation(Callback):
         from pretrain.data.pipeline import text_per_token
 
         self.enabled = trainer.eval_enabled
-        self.text_per_token = (text_per_token(trainer.data.tokenizer, trainer.data.valid)
-                               if self.enabled and trainer.is_main else {})
+        self.text_per_token = (
+            text_per_token(trainer.data.tokenizer, trainer.data.valid)
+            if self.enabled and trainer.is_main
+            else {}
+        )
 
     def on_step_end(self, trainer, out: StepOutput) -> None:
         t = trainer.cfg.train

@@ -28,8 +28,10 @@ class Preemption(Callback):
         if out.stopping:
             sig = trainer.stop_signal
             name = signal.Signals(sig).name if sig else "a signal on another rank"
-            trainer.log(f"received {name}: checkpoint written at step {out.step}; exiting with "
-                        f"99 so the job can be requeued")
+            trainer.log(
+                f"received {name}: checkpoint written at step {out.step}; exiting with "
+                f"99 so the job can be requeued"
+            )
 
     def on_fit_end(self, trainer, exit_code) -> None:
         for s, h in self._previous.items():

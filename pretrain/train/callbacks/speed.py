@@ -49,15 +49,19 @@ class SpeedMonitor(Callback):
         self._reset()
         step_time = (time.perf_counter() - self.window_start) / max(1, self.steps)
         self.window_start, self.steps = time.perf_counter(), 0
-        out.scalars.update({
-            "perf/tokens_per_s": tps,
-            "perf/mfu": self.flops_per_token * tps / self.peak if self.peak > 0 else float("nan"),
-            "perf/step_time_s": step_time,
-            "perf/peak_memory_gib": peak_memory_gib(trainer.device),
-            "progress/samples": trainer.consumed,
-            "progress/tokens": trainer.consumed * trainer.cfg.seq_len,
-            "stability/param_norm": parameter_norm(trainer.module),
-        })
+        out.scalars.update(
+            {
+                "perf/tokens_per_s": tps,
+                "perf/mfu": self.flops_per_token * tps / self.peak
+                if self.peak > 0
+                else float("nan"),
+                "perf/step_time_s": step_time,
+                "perf/peak_memory_gib": peak_memory_gib(trainer.device),
+                "progress/samples": trainer.consumed,
+                "progress/tokens": trainer.consumed * trainer.cfg.seq_len,
+                "stability/param_norm": parameter_norm(trainer.module),
+            }
+        )
 
     def on_evaluation(self, trainer, results) -> None:
         self._reset()

@@ -82,10 +82,20 @@ class SpikeMonitor(Callback):
             f"warning: loss spike at step {spike.step}: loss {spike.loss:.4f}, expected "
             f"{spike.expected:.4f} (robust z-score {spike.score:.1f})"
         )
-        out.scalars.update({"spikes/loss": spike.loss, "spikes/expected_loss": spike.expected,
-                            "spikes/score": spike.score})
-        out.events.append(("spikes", f"step {spike.step}: loss {spike.loss:.4f}, expected "
-                                     f"{spike.expected:.4f}, score {spike.score:.1f}"))
+        out.scalars.update(
+            {
+                "spikes/loss": spike.loss,
+                "spikes/expected_loss": spike.expected,
+                "spikes/score": spike.score,
+            }
+        )
+        out.events.append(
+            (
+                "spikes",
+                f"step {spike.step}: loss {spike.loss:.4f}, expected "
+                f"{spike.expected:.4f}, score {spike.score:.1f}",
+            )
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return self.detector.state_dict()

@@ -59,11 +59,13 @@ class TensorBoard(Callback):
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step hides events past the checkpoint written by a run that died later.
-        self.writer = SummaryWriter(str(trainer.layout.tensorboard),
-                                    purge_step=trainer.step + 1 if trainer.step else None)
+        self.writer = SummaryWriter(
+            str(trainer.layout.tensorboard), purge_step=trainer.step + 1 if trainer.step else None
+        )
         if trainer.step == 0:
-            self.writer.add_text("config", "```\n" + yaml.safe_dump(trainer.resolved, sort_keys=False)
-                                 + "\n```", 0)
+            self.writer.add_text(
+                "config", "```\n" + yaml.safe_dump(trainer.resolved, sort_keys=False) + "\n```", 0
+            )
 
     def on_step_end(self, trainer, out: StepOutput) -> None:
         if self.writer is None:
@@ -85,11 +87,18 @@ class WandbLogger(Callback):
 
     state_key = "wandb"
 
-    def __init__(self, project: str = "pretrain", entity: str | None = None,
-                 name: str | None = None, group: str | None = None,
-                 tags: list[str] | None = None, mode: str | None = None) -> None:
-        self.options = dict(project=project, entity=entity, name=name, group=group,
-                            tags=list(tags or []), mode=mode)
+    def __init__(
+        self,
+        project: str = "pretrain",
+        entity: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        mode: str | None = None,
+    ) -> None:
+        self.options = dict(
+            project=project, entity=entity, name=name, group=group, tags=list(tags or []), mode=mode
+        )
         self.run_id: str | None = None
         self.run = None
 
@@ -101,8 +110,13 @@ class WandbLogger(Callback):
         opts = dict(self.options)
         opts["name"] = opts["name"] or trainer.layout.root.name
         self.run_id = self.run_id or secrets.token_hex(6)  # a W&B run id: [a-z0-9]
-        self.run = wandb.init(id=self.run_id, resume="allow", dir=str(trainer.layout.root),
-                              config=trainer.resolved, **opts)
+        self.run = wandb.init(
+            id=self.run_id,
+            resume="allow",
+            dir=str(trainer.layout.root),
+            config=trainer.resolved,
+            **opts,
+        )
 
     def on_step_end(self, trainer, out: StepOutput) -> None:
         if self.run is not None:
