@@ -104,6 +104,9 @@ def user_errors(main: Callable[..., int | None] | None = None, *, label: str = "
         def run(argv: list[str] | None = None) -> int:
             try:
                 return fn(argv) or 0
+            except BrokenPipeError:  # `tool | head` closed the pipe: the reader has what it wanted
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
             except Exception as e:
                 if debug() or not is_user_error(e):
                     raise
