@@ -690,16 +690,13 @@ def plan_run(
     static = dict(ds.static)
     rope = 2 * cfg.model.max_seq_len * cfg.model.rope_dims * 4
     static["RoPE cos/sin cache"] = rope
-    static["batch (input ids, labels)"] = 0  # counted in the trace
     if target == "cuda":
         static["cuBLAS workspaces"] = CUBLAS_WORKSPACE
     static = {k: v for k, v in static.items() if v}
     model_flops, executed = flops_per_token(cfg.model, seq, layers)
     notes = []
-    if t.precision == "bf16" and t.grad_accum_dtype == "fp32" and t.zero_stage == 2:
-        notes.append(
-            "ZeRO-2 with fp32 accumulation: DeepSpeed's buffers are estimated, not validated"
-        )
+    if t.zero_stage == 2:
+        notes.append("ZeRO-2: DeepSpeed's buffers are estimated from its source, not validated")
     return Plan(
         name=name,
         gpu=gpu,
@@ -1060,12 +1057,15 @@ def measure_cpu_step(cfg: Config, steps: int = 2) -> tuple[int, int]:
     ]
     # Python's cycle collector would free a previous engine at a random point inside the
     # window; collect first and keep it off until this window's engine is gone.
+    # (Freezing what exists also keeps DeepSpeed's many gc.collect() calls short.)
     gc.collect()
+    gc.freeze()
     gc.disable()
     try:
         prof = _profile_steps(cfg, engine_args, batches, steps, gas)
     finally:
         gc.enable()
+        gc.unfreeze()
     events = _allocator_events(prof)
     totals = allocated_over_time(events)
     ranges = {
