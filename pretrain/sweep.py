@@ -22,6 +22,8 @@ batches; 4 nodes of 8 GPUs, pure data parallelism.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -261,7 +263,7 @@ def paper_runs() -> list[Run]:
             qk_norm=True,
         )
     )
-    slurm_8b = Slurm(time="48:00:00", signal_margin_s=900)  # bigger checkpoints: more margin
+    slurm_8b = Slurm(signal_margin_s=900)  # bigger checkpoints: more margin
     for p in FRACTIONS_LLAMA8B:  # scale: micro batch 4 x 32 accumulation x 32 GPUs = 4096
         runs.append(
             Run(
@@ -275,7 +277,41 @@ def paper_runs() -> list[Run]:
                 slurm=slurm_8b,
             )
         )
-    return runs
+    return [_planned(run) for run in runs]
+
+
+# ----------------------------------------------------------------------------- the plan
+# pretrain/sweep_plan.json is the planner's verdict on every run of the grid (`python
+# tools/plan.py --paper --write`, docs/performance.md): peak memory per GPU, FLOPs, run time.
+# The grid takes each run's Slurm time limit from it and refuses a run that does not fit.
+PLAN_FILE = Path(__file__).with_name("sweep_plan.json")
+SLURM_MARGIN, SLURM_MAX_HOURS = 1.25, 48  # as pretrain/plan.py: x 1.25 + 0.5 h, at most 48 h
+
+
+def plan_rows() -> dict[str, dict[str, Any]]:
+    if not PLAN_FILE.is_file():
+        return {}
+    return {r["name"]: r for r in json.loads(PLAN_FILE.read_text())["runs"]}
+
+
+def planned_hours(row: dict[str, Any]) -> int:
+    """The job's time limit: the planned run time at 40% MFU on executed FLOPs (recompute
+    included), x 1.25 + 0.5 h, rounded up; at most 48 h (a longer run requeues itself)."""
+    executed = row["run_hours"] * row["executed_flops"] / row["model_flops"]
+    return min(SLURM_MAX_HOURS, math.ceil(executed * SLURM_MARGIN + 0.5))
+
+
+def _planned(run: Run, rows: dict[str, dict[str, Any]] | None = None) -> Run:
+    row = (plan_rows() if rows is None else rows).get(run.name)
+    if row is None:  # a run added to the grid and not planned yet keeps the default limit
+        return run
+    if not row["fits_h200"]:
+        raise ValueError(
+            f"run {run.name}: the plan says it does not fit an H200 ({row['train_peak_gib']} "
+            f"GiB per GPU); change its micro batch or checkpointing, then re-plan with "
+            f"python tools/plan.py --paper --write"
+        )
+    return replace(run, slurm=replace(run.slurm, time=f"{planned_hours(row)}:00:00"))
 
 
 # ----------------------------------------------------------------------------- rendering

@@ -10,7 +10,7 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --exclusive
 #SBATCH --mem=0
-#SBATCH --time=24:00:00
+#SBATCH --time=26:00:00
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@600
 #SBATCH --open-mode=append

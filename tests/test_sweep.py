@@ -4,6 +4,7 @@ shellcheck."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ from pretrain.sweep import (
     GENERATED,
     Slurm,
     paper_runs,
+    plan_rows,
     stale_files,
     time_limit_s,
     with_slurm,
@@ -250,7 +252,12 @@ def test_job_script_header_and_command(run):
     path = REPO / run.script_path
     text = path.read_text()
     opts = sbatch_options(path)
-    hours = 48 if run.name.startswith("llama8b") else 24
+    # The time limit is the plan's (pretrain/sweep_plan.json): the run at 40% MFU on executed
+    # FLOPs, x 1.25 + 0.5 h, rounded up, at most 48 h.
+    row = plan_rows()[run.name]
+    executed_hours = row["run_hours"] * row["executed_flops"] / row["model_flops"]
+    hours = min(48, math.ceil(1.25 * executed_hours + 0.5))
+    assert 10 <= hours <= 48
     margin = 900 if run.name.startswith("llama8b") else 600
     assert opts == {
         "--job-name": run.name,
@@ -397,3 +404,13 @@ def test_char_study_configs():
             assert m.vocab_size == vocab and cfg.train.train_iters == 5000
     nano = load_config(REPO / "configs" / "char" / "nanogpt_rope_enwik8.yaml")
     assert nano.model.n_layers == 12 and not nano.model.learned_pos_emb
+
+
+def test_a_run_the_plan_says_does_not_fit_is_refused():
+    from pretrain.sweep import _planned
+
+    run = paper_runs()[0]
+    row = dict(plan_rows()[run.name], fits_h200=False)
+    with pytest.raises(ValueError, match=f"run {run.name}: the plan says it does not fit an H200"):
+        _planned(run, {run.name: row})
+    assert set(plan_rows()) == {r.name for r in paper_runs()}  # every run is planned
