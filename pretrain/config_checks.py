@@ -74,6 +74,9 @@ def _check_train(cfg: Config) -> None:
         raise ConfigError(f"optim.lr={cfg.optim.lr} must be > 0")
     if cfg.optim.grad_clip < 0:
         raise ConfigError(f"optim.grad_clip={cfg.optim.grad_clip} must be >= 0 (0 = no clipping)")
+    from pretrain.model.checkpointing import check_config as check_checkpointing
+
+    check_checkpointing(cfg)  # train.activation_checkpointing: none, full, N <= n_layers, auto
     if t.eval_interval < 0 or t.eval_iters < 0:
         raise ConfigError(
             "train.eval_interval and train.eval_iters must be >= 0 (0 = no evaluation)"
