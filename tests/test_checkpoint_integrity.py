@@ -14,7 +14,12 @@ import pytest
 from train_support import REPO, baseline_run, metrics, run_main, tiny_config, write_config
 
 from pretrain.run_layout import STATE_FILE, crc32_file
-from pretrain.train.checkpoint import FAULT_POINTS, complete_tags, verify_checkpoint
+from pretrain.train.checkpoint import (
+    FAULT_POINTS,
+    complete_tags,
+    find_resume_tag,
+    verify_checkpoint,
+)
 
 
 def _copy_run(base, dest):
@@ -69,15 +74,29 @@ def test_marker_records_every_file(tmp_path_factory):
 @pytest.mark.parametrize(
     "damage", [_truncate, _flip_byte, _cut_marker], ids=["truncated", "corrupted", "marker_cut"]
 )
-def test_damaged_newest_checkpoint_falls_back_and_matches(tmp_path_factory, tmp_path, damage):
-    """Damage step 8 of a finished run; the same command warns, resumes from step 6 and trains
-    steps 7 and 8 to the uninterrupted run's losses."""
+def test_damage_is_found_and_the_previous_checkpoint_chosen(
+    tmp_path_factory, tmp_path, damage, capsys
+):
+    """Each kind of damage to step 8 is named, and a resume would take step 6."""
+    _, base = baseline_run(tmp_path_factory)
+    ckpts = tmp_path / "run" / "checkpoints"
+    _copy_run(base, tmp_path / "run")
+    what = damage(ckpts / "step_0000008")
+    problems = verify_checkpoint(ckpts / "step_0000008")
+    assert problems and what in problems[0]
+    assert verify_checkpoint(ckpts / "step_0000006") == []
+    assert find_resume_tag(ckpts) == "step_0000006"
+    (warning,) = capsys.readouterr().out.splitlines()[:1]
+    assert "step_0000008 is damaged" in warning and what in warning
+
+
+def test_damaged_newest_checkpoint_falls_back_and_matches(tmp_path_factory, tmp_path):
+    """Truncate a file of step 8 of a finished run; the same command warns, resumes from step 6
+    and trains steps 7 and 8 to the uninterrupted run's losses."""
     _, base = baseline_run(tmp_path_factory)
     run = tmp_path / "run"
     cfg = _copy_run(base, run)
-    what = damage(run / "checkpoints" / "step_0000008")
-    problems = verify_checkpoint(run / "checkpoints" / "step_0000008")
-    assert problems and what in problems[0]
+    what = _truncate(run / "checkpoints" / "step_0000008")
     r = run_main(cfg)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     warning = [line for line in r.stdout.splitlines() if line.startswith("warning: checkpoint")]
@@ -86,7 +105,7 @@ def test_damaged_newest_checkpoint_falls_back_and_matches(tmp_path_factory, tmp_
     mb, mr = metrics(base), metrics(run)
     for step in (7, 8):
         assert mr[step]["train/loss"] == mb[step]["train/loss"], step
-    # The offline check agrees, before and after.
+    # The offline check agrees, after the resume wrote a new step 8.
     out = subprocess.run(
         [sys.executable, str(REPO / "tools" / "check_checkpoint.py"), str(run)],
         capture_output=True,
@@ -163,9 +182,9 @@ def short_baseline(tmp_path_factory):
     return data, root / "base"
 
 
-# Before the folder is complete, with half its marker on disk, and after the rename but before
-# `latest` moves: one point of each phase (every point is in FAULT_POINTS; each costs two runs).
-KILL_POINTS = ("after_weights", "mid_marker", "before_latest")
+# With half the marker on disk (the folder not yet complete), and after the rename but before
+# `latest` moves: the two phases of a save (every point is in FAULT_POINTS; each costs two runs).
+KILL_POINTS = ("mid_marker", "before_latest")
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
