@@ -1103,11 +1103,15 @@ SLURM_MAX_HOURS = 48  # longest job the generated scripts ask for; longer runs r
 SLURM_MARGIN = 1.25  # on top of the planned run time, plus half an hour for start and saves
 
 
+def time_limit_hours(executed_run_hours: float) -> int:
+    """Hours for a run's `#SBATCH --time`: its run time on *executed* FLOPs (recompute costs
+    time) x SLURM_MARGIN + 0.5 h, rounded up, at most SLURM_MAX_HOURS."""
+    return min(SLURM_MAX_HOURS, math.ceil(executed_run_hours * SLURM_MARGIN + 0.5))
+
+
 def slurm_hours(plan: Plan, mfu: float = DEFAULT_MFU) -> int:
-    """Hours for a run's `#SBATCH --time`: the run at `mfu` of the peak on *executed* FLOPs
-    (recompute costs time), x SLURM_MARGIN + 0.5 h, rounded up, at most SLURM_MAX_HOURS."""
-    hours = plan.run_time(mfu) * plan.recompute_ratio / 3600 * SLURM_MARGIN + 0.5
-    return min(SLURM_MAX_HOURS, math.ceil(hours))
+    """`time_limit_hours` of a plan, the run at `mfu` of the peak."""
+    return time_limit_hours(plan.run_time(mfu) * plan.recompute_ratio / 3600)
 
 
 def plan_paper_run(

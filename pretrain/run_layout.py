@@ -97,7 +97,8 @@ class RunLayout:
             return None
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -130,7 +131,7 @@ def atomic_write(
         tmp.unlink(missing_ok=True)
         raise
     if fsync:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return path
 
 
@@ -178,10 +179,12 @@ __all__ = [
     "checkpoint_files",
     "crc32_file",
     "file_record",
+    "fsync_dir",
     "metrics_by_step",
     "read_metrics",
     "step_tag",
     "tag_step",
+    "verify_checkpoint",
 ]
 
 
@@ -223,6 +226,24 @@ def check_file(folder: Path, rel: str, want: dict, checksum: bool = True) -> str
     if checksum and "crc32" in want and crc32_file(path) != want["crc32"]:
         return f"{rel} does not match its checksum (corrupted)"
     return None
+
+
+def verify_checkpoint(
+    folder: Path, checksum: bool = True, files: list[str] | None = None
+) -> list[str]:
+    """What is wrong with a checkpoint folder ([] when intact): its marker must parse, and each
+    file it records must have the recorded size (and CRC-32, with `checksum`). `files`
+    restricts the check to those of them the marker records (a rank's share, or the weights).
+    A checkpoint written before markers recorded files passes on its marker alone."""
+    try:
+        state = json.loads((Path(folder) / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        return [f"{STATE_FILE} is unreadable ({type(e).__name__})"]
+    recorded = state.get("files")
+    if recorded is None:
+        return []
+    names = sorted(recorded) if files is None else [f for f in files if f in recorded]
+    return [p for rel in names if (p := check_file(folder, rel, recorded[rel], checksum))]
 
 
 def checkpoint_files(folder: Path) -> list[str]:

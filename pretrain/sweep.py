@@ -23,7 +23,6 @@ batches; 4 nodes of 8 GPUs, pure data parallelism.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -285,7 +284,6 @@ def paper_runs() -> list[Run]:
 # tools/plan.py --paper --write`, docs/performance.md): peak memory per GPU, FLOPs, run time.
 # The grid takes each run's Slurm time limit from it and refuses a run that does not fit.
 PLAN_FILE = Path(__file__).with_name("sweep_plan.json")
-SLURM_MARGIN, SLURM_MAX_HOURS = 1.25, 48  # as pretrain/plan.py: x 1.25 + 0.5 h, at most 48 h
 
 
 def plan_rows() -> dict[str, dict[str, Any]]:
@@ -295,10 +293,11 @@ def plan_rows() -> dict[str, dict[str, Any]]:
 
 
 def planned_hours(row: dict[str, Any]) -> int:
-    """The job's time limit: the planned run time at 40% MFU on executed FLOPs (recompute
-    included), x 1.25 + 0.5 h, rounded up; at most 48 h (a longer run requeues itself)."""
-    executed = row["run_hours"] * row["executed_flops"] / row["model_flops"]
-    return min(SLURM_MAX_HOURS, math.ceil(executed * SLURM_MARGIN + 0.5))
+    """The job's time limit (pretrain.plan.time_limit_hours) of the run as configured: its
+    planned run time at 40% MFU, scaled from model to executed FLOPs (recompute included)."""
+    from pretrain.plan import time_limit_hours
+
+    return time_limit_hours(row["run_hours"] * row["executed_flops"] / row["model_flops"])
 
 
 def _planned(run: Run, rows: dict[str, dict[str, Any]] | None = None) -> Run:

@@ -25,8 +25,8 @@ from pretrain.run_layout import (
     LATEST_FILE,
     STATE_FILE,
     atomic_write,
-    check_file,
     step_tag,
+    verify_checkpoint,
 )
 
 WEIGHTS_FILE = "model.safetensors"
@@ -71,23 +71,6 @@ def read_config(directory: str | Path) -> dict[str, Any]:
         raise ConfigError(yaml_error_message(e, path)) from None
 
 
-def _damaged(directory: Path) -> str | None:
-    """In a checkpoint folder, the weights and config checked against the sizes and CRC-32s
-    its marker recorded; None when they match or the folder records none."""
-    import json
-
-    try:
-        recorded = json.loads((directory / STATE_FILE).read_text()).get("files") or {}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        return f"{STATE_FILE} is unreadable ({type(e).__name__})"
-    for rel in (WEIGHTS_FILE, CONFIG_FILE):
-        if rel in recorded and (problem := check_file(directory, rel, recorded[rel])):
-            return problem
-    return None
-
-
 def load_weights(
     directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> tuple[Transformer, dict[str, Any]]:
@@ -95,8 +78,12 @@ def load_weights(
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    problem = _damaged(directory)
-    if problem:
+    # In a checkpoint folder: the weights and config against the sizes and CRC-32s its marker
+    # recorded.
+    marker = (directory / STATE_FILE).is_file()
+    problems = verify_checkpoint(directory, files=[WEIGHTS_FILE, CONFIG_FILE]) if marker else []
+    if problems:
+        problem = problems[0]
         raise ConfigError(
             f"{directory} is damaged: {problem}; use an earlier checkpoint "
             f"(python tools/check_checkpoint.py RUN lists the intact ones)"

@@ -43,10 +43,11 @@ from pretrain.run_layout import (
     STATE_FILE,
     TMP_SUFFIX,
     atomic_write,
-    check_file,
     checkpoint_files,
     file_record,
+    fsync_dir,
     step_tag,
+    verify_checkpoint,
 )
 from pretrain.train.distributed import barrier
 
@@ -82,15 +83,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(dirpath))
 
 
 def is_complete(folder: Path) -> bool:
@@ -113,24 +106,6 @@ class CheckpointError(ConfigError):
     """No checkpoint of a run can be loaded; the message names them and the way out."""
 
     label = "checkpoint error"
-
-
-def verify_checkpoint(
-    folder: Path, checksum: bool = True, files: list[str] | None = None
-) -> list[str]:
-    """What is wrong with a complete checkpoint folder ([] when intact): its marker must parse,
-    and each file it records must have the recorded size (and CRC-32, with `checksum`).
-    `files` restricts the check to some of the recorded files (a rank's share).
-    A checkpoint written before markers recorded files passes on its marker alone."""
-    try:
-        state = read_state(folder)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        return [f"{STATE_FILE} is unreadable ({type(e).__name__})"]
-    recorded = state.get("files")
-    if recorded is None:
-        return []
-    names = sorted(recorded) if files is None else files
-    return [p for rel in names if (p := check_file(folder, rel, recorded[rel], checksum))]
 
 
 def _share(items: list, rank: int, world: int) -> list:
@@ -291,7 +266,7 @@ class Checkpointer:
                 os.rename(final, old)
                 shutil.rmtree(old)
             os.rename(tmp, final)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
             _fault("before_latest", step)
             atomic_write(self.dir / LATEST_FILE, tag)
             _fault("before_retention", step)
