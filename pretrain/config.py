@@ -67,6 +67,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     learned_pos_emb: bool = False  # absolute learned positions, added to token embeddings
     qk_norm: bool = False  # normalize q and k per head over head_dim, before RoPE
+    # Attention-logit soft cap (Gemma 2): logits -> cap * tanh(logits / cap), bounding them
+    # by +-cap. 0 = off (the paper). On, attention runs unfused (no SDPA kernel).
+    attn_logit_softcap: float = 0.0
     tie_embeddings: bool = False
     dropout: float = 0.0  # embedding, attention and residual dropout
     # normal: N(0, init_std) everywhere (the paper's runs).
@@ -136,6 +139,10 @@ class ModelConfig:
         )
         need(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
         need(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+        need(
+            self.attn_logit_softcap >= 0.0,
+            f"model.attn_logit_softcap={self.attn_logit_softcap} must be >= 0 (0 = off)",
+        )
         need(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be a positive number")
         need(
             self.rotary_dims is None or self.rope_fraction in (None, 1.0),
@@ -239,6 +246,9 @@ class TrainConfig:
     # 'auto' = the planner's least recompute that fits (pretrain/model/checkpointing.py).
     activation_checkpointing: bool | int | Literal["none", "full", "auto"] = False
     compile: bool = False  # torch.compile the model
+    # z-loss (PaLM): adds z_loss x mean(log Z)^2 to the loss (log Z: the log-sum-exp of a
+    # token's logits), keeping the softmax normaliser near 1. 0 = off (the paper); PaLM 1e-4.
+    z_loss: float = 0.0
     # Extra DeepSpeed config keys, merged over the generated config (advanced users).
     deepspeed: dict[str, Any] = field(default_factory=dict)
 
@@ -261,9 +271,46 @@ class LoggingConfig:
     tensorboard: bool = True
     peak_tflops: float = 989.0  # per device, for MFU (H200 dense BF16)
     max_logit_interval: int = 100  # sample max attention logit every N steps (0 = off)
-    spike_window: int = 100  # loss-spike detector: rolling window of steps
-    spike_threshold: float = 6.0  # robust z-score (median / MAD) that counts as a spike
     sample_prompts: list[str] = field(default_factory=list)  # generated from at the end
+
+
+@dataclass
+class FaultConfig:
+    """A fault injected on purpose (tests and demos of `spikes`): it corrupts the batch of
+    data step `step`, the step that reads it when no data is skipped, on every rank. It
+    travels with the batch, like bad data: a rollback that skips the batch avoids it."""
+
+    step: int
+    # nan: the loss (and so every gradient) is NaN; scale_loss: the loss and its gradients are
+    # multiplied by `factor`; scale_grads: the gradients only (the loss reads normal).
+    kind: Literal["nan", "scale_loss", "scale_grads"] = "scale_loss"
+    factor: float = 100.0
+
+
+@dataclass
+class SpikesConfig:
+    """Loss spikes (docs/training.md, "Loss spikes"): always detected and logged; skipped or
+    rolled back only when asked (the paper's runs did neither)."""
+
+    # Detection: a robust z-score (median / MAD over the last `window` steps) of the loss and
+    # of the grad norm; above `threshold` the step is flagged. NaN/Inf is always flagged.
+    window: int = 100
+    threshold: float = 6.0
+    # Mitigation, off by default. skip_step: a flagged step applies no update (parameters,
+    # optimizer moments and step count untouched; the LR schedule and the data move on).
+    skip_step: bool = False
+    # Roll back to the newest checkpoint before the first flagged step once `rollback_after`
+    # of the last `rollback_within` steps were flagged (0 = never), and never train on the
+    # data steps from the first flagged one - `rollback_skip_before` to the current one +
+    # `rollback_skip_after`. At most `max_rollbacks` per run.
+    rollback_after: int = 0
+    rollback_within: int = 10
+    rollback_skip_before: int = 0
+    rollback_skip_after: int = 0
+    max_rollbacks: int = 5
+    # Data steps never trained on, [first, last] inclusive (as PaLM skipped batches by hand).
+    skip_data: list[tuple[int, int]] = field(default_factory=list)
+    faults: list[FaultConfig] = field(default_factory=list)
 
 
 @dataclass
@@ -293,6 +340,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    spikes: SpikesConfig = field(default_factory=SpikesConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     # Your own callbacks (docs/training.md, "Callbacks"): each entry names a class by its
     # dotted path under `class:`; the other keys are passed to its constructor.
@@ -390,6 +438,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+# Keys that moved, old -> new: a config using the old name gets told the new one.
+MOVED = {"logging.spike_window": "spikes.window", "logging.spike_threshold": "spikes.threshold"}
+
+
 def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
     """Build dataclass `cls` from `data`, refusing unknown keys and wrong types."""
     data = data or {}
@@ -398,6 +450,10 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
+    where = f"{prefix}." if prefix else ""
+    for k in unknown:
+        if f"{where}{k}" in MOVED:
+            raise ConfigError(f"{where}{k} is now {MOVED[where + k]}; rename it in your config")
     if unknown:
         import difflib
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ def check_config(cfg: Config, world_size: int, check_data: bool = True) -> int:
     _check_train(cfg)
     _check_schedule(cfg)
     _check_logging(cfg)
+    _check_spikes(cfg)
     if check_data:
         _check_data_fields(cfg)
         if cfg.data.recipe is None:  # a recipe builds data.train[0] at start
@@ -109,8 +111,6 @@ def _check_logging(cfg: Config) -> None:
     ):
         if value <= 0:
             raise ConfigError(f"{key}={value} must be a positive integer")
-    if cfg.logging.spike_window < 2:
-        raise ConfigError(f"logging.spike_window={cfg.logging.spike_window} must be >= 2")
     if cfg.logging.max_logit_interval < 0:
         raise ConfigError(
             f"logging.max_logit_interval={cfg.logging.max_logit_interval} must be >= 0 (0 = off)"
@@ -121,6 +121,35 @@ def _check_logging(cfg: Config) -> None:
     ):
         if path:
             _check_folder_path(key, Path(path))
+
+
+def _check_spikes(cfg: Config) -> None:
+    c = cfg.spikes
+    if c.window < 2:
+        raise ConfigError(f"spikes.window={c.window} must be >= 2")
+    if c.threshold <= 0:
+        raise ConfigError(f"spikes.threshold={c.threshold} must be > 0 (a robust z-score)")
+    for key in ("rollback_after", "rollback_skip_before", "rollback_skip_after", "max_rollbacks"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"spikes.{key}={getattr(c, key)} must be >= 0")
+    if c.rollback_after and c.rollback_within < c.rollback_after:
+        raise ConfigError(
+            f"spikes.rollback_within={c.rollback_within} must be >= spikes.rollback_after="
+            f"{c.rollback_after} (N flagged steps within M steps)"
+        )
+    for i, (first, last) in enumerate(c.skip_data):
+        if not 1 <= first <= last:
+            raise ConfigError(
+                f"spikes.skip_data[{i}]=[{first}, {last}] must be [first, last] data steps with "
+                f"1 <= first <= last"
+            )
+    for i, f in enumerate(c.faults):
+        if f.step < 1:
+            raise ConfigError(f"spikes.faults[{i}].step={f.step} must be >= 1")
+        if f.kind != "nan" and not (math.isfinite(f.factor) and f.factor != 0):
+            raise ConfigError(f"spikes.faults[{i}].factor={f.factor} must be finite and non-zero")
+    if cfg.train.z_loss < 0:
+        raise ConfigError(f"train.z_loss={cfg.train.z_loss} must be >= 0 (0 = off; PaLM 1e-4)")
 
 
 def _check_folder_path(key: str, path: Path) -> None:

@@ -28,6 +28,7 @@ TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
 EVAL_DIR = "eval"
+ROLLBACKS_FILE = "rollbacks.json"  # the run's loss-spike rollbacks (pretrain/train/spikes.py)
 STATE_FILE = "trainer_state.json"  # in a checkpoint folder; written last
 RNG_DIR = "rng"  # in a checkpoint folder: one file of RNG states per rank
 TMP_SUFFIX = ".tmp"  # a checkpoint folder being written
@@ -170,6 +171,7 @@ __all__ = [
     "LATEST_FILE",
     "METRICS_FILE",
     "RNG_DIR",
+    "ROLLBACKS_FILE",
     "STATE_FILE",
     "TENSORBOARD_DIR",
     "TMP_SUFFIX",

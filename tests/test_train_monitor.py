@@ -11,7 +11,7 @@ import torch
 from train_support import baseline_run, metrics, tiny_config
 
 from pretrain.config import Config, from_dict
-from pretrain.train.callbacks import SpikeDetector
+from pretrain.train.spikes import SpikeDetector
 
 SPIKE_STEP = 40
 
@@ -40,12 +40,8 @@ def _config(run, data) -> Config:
             },
             schedule={"warmup_steps": 5},
             checkpoint={"interval": 1000},
-            logging={
-                "log_interval": 10,
-                "max_logit_interval": 10,
-                "spike_window": 20,
-                "spike_threshold": 6.0,
-            },
+            logging={"log_interval": 10, "max_logit_interval": 10},
+            spikes={"window": 20, "threshold": 6.0},
         ),
     )
 

@@ -63,6 +63,7 @@ class Attention(nn.Module):
             make_norm(cfg.norm, self.head_dim, cfg.norm_eps, cfg.norm_bias) if cfg.qk_norm else None
         )
         self.dropout = cfg.dropout
+        self.softcap = cfg.attn_logit_softcap
 
     def heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, H, T, D), k and v (B, KV, T, D) of the input x (B, T, d_model): projected,
@@ -101,14 +102,38 @@ class Attention(nn.Module):
             causal = False
             if T > 1:
                 mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=KV != H,
-        )
+        dropout = self.dropout if self.training else 0.0
+        if self.softcap > 0:
+            if mask is None and causal:
+                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
+            y = softcapped_attention(q, k, v, mask, self.softcap, dropout)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout, enable_gqa=KV != H
+            )
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.proj(y)
+
+
+def softcapped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    cap: float,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """softmax(cap * tanh(q k^T / (sqrt(D) cap)) + mask) v, the softmax in fp32 (Gemma 2's
+    attention-logit soft cap). No SDPA kernel takes a cap, so this is the unfused path: it
+    holds the (T x T) scores of every head, which long sequences pay for in memory."""
+    H, KV = q.shape[1], k.shape[1]
+    if KV != H:  # GQA: each kv head serves H / KV query heads
+        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+    scores = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(v.dtype)
+    if dropout > 0:
+        p = F.dropout(p, dropout)
+    return p @ v

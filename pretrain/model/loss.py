@@ -54,7 +54,9 @@ def default_chunk_tokens(vocab: int, n_tokens: int, budget_bytes: int = CHUNK_LO
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk, need_grad_h, need_grad_w):
+    def forward(
+        ctx, hidden, weight, targets, ignore_index, chunk, need_grad_h, need_grad_w, z_loss
+    ):
         d = hidden.shape[-1]
         h = hidden.reshape(-1, d)
         t = targets.reshape(-1)
@@ -63,6 +65,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         count = valid.sum().to(torch.float32)  # 0 targets -> 0/0 = nan, as F.cross_entropy
         safe_t = torch.where(valid, t, torch.zeros_like(t))
         total = torch.zeros((), dtype=torch.float32, device=h.device)
+        z_total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h) if need_grad_h else None
         grad_w = (
             torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_grad_w else None
@@ -79,10 +82,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             sums = logits.sub_(top).exp_().sum(dim=-1)
             lse = sums.log() + top[:, 0]
             total = total + torch.where(vc, lse - picked, 0.0).sum()
+            if z_loss:
+                z_total = z_total + torch.where(vc, lse * lse, 0.0).sum()
             if grad_h is None and grad_w is None:
                 continue
-            # d(sum of losses / count) / d logits = (softmax - one_hot) / count on kept rows.
+            # d(sum of losses / count) / d logits = (softmax - one_hot) / count on kept rows;
+            # the z-loss adds z * 2 lse * softmax / count.
             g = logits.div_(sums[:, None])
+            if z_loss:
+                g.mul_((1.0 + 2.0 * z_loss * lse)[:, None])
             g.scatter_add_(1, tc, torch.full_like(picked[:, None], -1.0))
             g.mul_(torch.where(vc, scale, 0.0)[:, None])
             g = g.to(weight.dtype)
@@ -96,11 +104,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             del g, logits
         ctx.save_for_backward(grad_h, grad_w)
         ctx.shapes = (hidden.shape, hidden.dtype, weight.dtype)
-        return total / count
+        z_term = z_loss * z_total / count
+        ctx.mark_non_differentiable(z_term)
+        return total / count + z_term, z_term
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_z_term):
         grad_h, grad_w = ctx.saved_tensors
         shape, h_dtype, w_dtype = ctx.shapes
         dh = dw = None
@@ -108,7 +118,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             dh = grad_h.mul_(grad_out.to(h_dtype)).view(shape)
         if grad_w is not None and ctx.needs_input_grad[1]:
             dw = grad_w.mul_(grad_out).to(w_dtype)
-        return dh, dw, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None
 
 
 def _liger_available(t: torch.Tensor) -> bool:
@@ -131,19 +141,22 @@ def linear_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     chunk_tokens: int | None = None,
     backend: str | None = None,
+    z_loss: float = 0.0,
 ) -> torch.Tensor:
     """Mean cross-entropy (fp32 scalar) of `hidden @ weight.T` against `targets`.
 
     hidden: (..., d) final hidden states; weight: (V, d) output matrix (no bias); targets:
     (...) token ids, `ignore_index` = not scored. Equal to the unfused
     `F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1))`.
+    With `z_loss` > 0 (chunked backend only) it returns (cross-entropy + z term, z term), the
+    z term being z_loss x the mean over scored tokens of logsumexp(logits)^2 (PaLM).
     """
     backend = backend or os.environ.get("PRETRAIN_LOSS_BACKEND", "chunked")
     if backend not in BACKENDS:
         raise ValueError(
             f"loss backend {backend!r} (PRETRAIN_LOSS_BACKEND) is unknown; use 'chunked' or 'liger'"
         )
-    if backend == "liger" and _liger_available(hidden):
+    if backend == "liger" and _liger_available(hidden) and not z_loss:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
         d = hidden.shape[-1]
@@ -154,7 +167,7 @@ def linear_cross_entropy(
     n_tokens = targets.numel()
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], n_tokens)
     grad_on = torch.is_grad_enabled()
-    return _ChunkedLinearCrossEntropy.apply(
+    loss, z_term = _ChunkedLinearCrossEntropy.apply(
         hidden,
         weight,
         targets,
@@ -162,7 +175,9 @@ def linear_cross_entropy(
         chunk,
         grad_on and hidden.requires_grad,
         grad_on and weight.requires_grad,
+        float(z_loss),
     )
+    return (loss, z_term) if z_loss else loss
 
 
 def reference_cross_entropy(

@@ -78,6 +78,7 @@ class Transformer(nn.Module):
         # Recompute blocks in the backward to save memory: False/0 none, True all, or an int N
         # = the first N blocks (pretrain/model/checkpointing.py).
         self.gradient_checkpointing: bool | int = False
+        self.last_z_loss: torch.Tensor | None = None
         self.reset_parameters()
 
     # ------------------------------------------------------------------ initialisation
@@ -146,6 +147,7 @@ class Transformer(nn.Module):
         input_ids: torch.Tensor,
         targets: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        z_loss: float = 0.0,
     ) -> torch.Tensor:
         """Logits (B, T, padded_vocab) or, with `targets`, the mean cross-entropy (fp32).
 
@@ -154,10 +156,18 @@ class Transformer(nn.Module):
         logits of the whole batch: the output layer and cross-entropy run a chunk of tokens
         at a time (pretrain/model/loss.py), with the same result as
         `F.cross_entropy(logits.float(), targets, ignore_index=-100)`.
+
+        `z_loss` > 0 adds z_loss x mean(logsumexp(logits)^2) to the returned loss (PaLM's
+        z-loss); the added term, detached, is kept in `self.last_z_loss` for logging.
         """
         hidden = self.hidden_states(input_ids, kv_cache)
         if targets is None:
             return self.lm_head(hidden)
+        if z_loss:
+            loss, self.last_z_loss = linear_cross_entropy(
+                hidden, self.lm_head.weight, targets, IGNORE_INDEX, z_loss=z_loss
+            )
+            return loss
         return linear_cross_entropy(hidden, self.lm_head.weight, targets, IGNORE_INDEX)
 
     # ------------------------------------------------------------------ generation

@@ -277,9 +277,15 @@ class Checkpointer:
     def _retain(self) -> None:
         tags = complete_tags(self.dir)
         for tag in tags[: max(0, len(tags) - self.keep_last)]:
-            doomed = self.dir / (tag + DELETING_SUFFIX)
-            os.rename(self.dir / tag, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            self.discard(tag)
+
+    def discard(self, tag: str) -> None:
+        """Remove checkpoint `tag` (rank 0): renamed first, so a kill mid-way leaves no folder
+        that looks complete."""
+        doomed = self.dir / (tag + DELETING_SUFFIX)
+        os.rename(self.dir / tag, doomed)
+        fsync_dir(self.dir)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def load(self, engine, tag: str) -> dict[str, Any]:
         """Restore engine (model, optimizer, scheduler), this rank's RNG; return trainer state."""

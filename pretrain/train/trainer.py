@@ -2,8 +2,11 @@
 
     fit()                      set up, resume, then train_step() until train_iters
       setup()                  process group, data, DeepSpeed engine, resume from a checkpoint
-      train_step()             one optimizer step: forward_backward() per micro batch, the
-                               engine's step, one all-reduce; returns a StepOutput
+      train_step()             one optimizer step: forward_backward() per micro batch, one
+                               all-reduce, the engine's step (which the StepGuard may skip);
+                               returns a StepOutput
+      rollback()               back to the checkpoint before a run of loss spikes, skipping
+                               their data (spikes.rollback_after; pretrain/train/spikes.py)
       callbacks                everything else, on a few hooks (pretrain/train/callbacks/):
                                console, metrics, TensorBoard, W&B, speed and MFU, spikes,
                                attention logits, evaluation, checkpoints, pre-emption
@@ -17,26 +20,42 @@ which the Slurm scripts requeue on.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
-from pretrain.config import Config, ConfigError, to_dict
+from pretrain.config import Config, ConfigError, FaultConfig, ModelConfig, to_dict
 from pretrain.config_checks import check_config
 from pretrain.data.pipeline import DataSource, build_data
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import save_weights
-from pretrain.run_layout import CheckpointSaveError, RunLayout, atomic_write, step_tag
+from pretrain.run_layout import (
+    ROLLBACKS_FILE,
+    CheckpointSaveError,
+    RunLayout,
+    atomic_write,
+    step_tag,
+    tag_step,
+)
 from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks import Callback, StepOutput, build_callbacks
 from pretrain.train.checkpoint import (
     Checkpointer,
+    complete_tags,
     find_resume_tag,
     read_state,
 )
 from pretrain.train.engine import build_engine
+from pretrain.train.spikes import (
+    DataWindows,
+    Rollback,
+    StepGuard,
+    read_rollbacks,
+    write_rollbacks,
+)
 
 EXIT_OK = 0
 EXIT_PREEMPTED = 99  # a signal-triggered checkpoint was written; requeue and re-run
@@ -64,11 +83,14 @@ class Trainer:
         )
         self.layout = RunLayout(cfg.logging.run_dir, cfg.checkpoint.dir)
         self.resolved: dict[str, Any] = to_dict(cfg)
-        self.step = 0  # optimizer steps done
-        self.consumed = 0  # samples consumed, over all ranks
+        self.step = 0  # optimizer steps done (skipped ones included)
+        # Samples of the data stream passed, over all ranks: trained on, or skipped with a
+        # skipped step or a skipped data window (as Megatron counts consumed samples).
+        self.consumed = 0
         self.resumed_from: str | None = None
         self.stop_signal: int | None = None  # set by a signal handler; stops after this step
         self.train_started = False  # on_train_start has fired
+        self._batches = None  # this rank's micro batches, opened at the data position
 
     # ------------------------------------------------------------------------- the loop
 
@@ -93,6 +115,9 @@ class Trainer:
                 if out.stopping:
                     exit_code = EXIT_PREEMPTED
                     break
+                first = self.guard.rollback_due(self.step)
+                if first is not None:
+                    self.rollback(*first)
             else:
                 exit_code = EXIT_OK
         finally:
@@ -103,31 +128,44 @@ class Trainer:
     def train_step(self) -> StepOutput:
         """One optimizer step over `grad_accum` micro batches of this rank."""
         lr = self.engine.get_lr()[0]  # the scheduler's rate for this update
+        self._position_data()
+        data_step = self.consumed // self.cfg.train.global_batch_size + 1
+        fault = self.faults.get(data_step)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        z_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         token_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         first = None
-        for _ in range(self.grad_accum):
+        for i in range(self.grad_accum):
             batch = self._next_batch()
             x, y = batch["input_ids"].to(self.device), batch["labels"].to(self.device)
             first = x[:1] if first is None else first
-            loss_sum += self.forward_backward(x, y)
+            loss, z_term = self.forward_backward(x, y, fault)
+            loss_sum += loss
+            z_sum += z_term
             token_sum += x.sum(dtype=torch.float64)
+            if i < self.grad_accum - 1:
+                self.engine.step()  # DeepSpeed counts micro steps; no update off the boundary
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
-        # One collective per step: the global mean loss, "did any rank get a signal", and the
-        # sum of the step's token ids (a fingerprint that shows a resume read the same data).
+        # One collective per step, before the update (the guard judges the step on it): the
+        # global mean loss, "did any rank get a signal", the sum of the step's token ids (a
+        # fingerprint that shows a resume read the same data) and the z-loss term.
         flag = torch.tensor(
             float(self.stop_signal is not None), dtype=torch.float64, device=self.device
         )
         stats = dist_utils.all_reduce_sum(
-            torch.stack([loss_sum / self.grad_accum, flag, token_sum])
+            torch.stack([loss_sum / self.grad_accum, flag, token_sum, z_sum / self.grad_accum])
         )
         loss, stopping = float(stats[0]) / self.env.world_size, float(stats[1]) > 0
-        grad_norm = self.engine.get_global_grad_norm()
-        grad_norm = None if grad_norm is None else float(grad_norm)
+        self.guard.begin(self.step, data_step, loss)
+        self.engine.step()  # the update, unless the guard withholds it
+        verdict = self.guard.finish()
+        grad_norm = verdict.grad_norm
         scalars = {"train/loss": loss, "train/lr": lr}
         if grad_norm is not None:
             scalars["train/grad_norm"] = grad_norm
+        if self.cfg.train.z_loss:
+            scalars["train/z_loss"] = float(stats[3]) / self.env.world_size
         return StepOutput(
             step=self.step,
             loss=loss,
@@ -139,15 +177,80 @@ class Trainer:
             first_input=first,
             log=self._is_log_step(stopping),
             scalars=scalars,
+            verdict=verdict,
         )
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Loss of one micro batch, its backward, and the engine's step (which applies the
-        update at the accumulation boundary). Returns the detached loss in fp64."""
-        loss = self.engine(x, targets=y)
-        self.engine.backward(loss)
-        self.engine.step()
-        return loss.detach().double()
+    def forward_backward(
+        self, x: torch.Tensor, y: torch.Tensor, fault: FaultConfig | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss of one micro batch and its backward (DeepSpeed reduces the gradients at the
+        accumulation boundary). Returns the detached cross-entropy and z-loss term in fp64.
+        `fault` corrupts the micro batch on purpose (spikes.faults)."""
+        z = self.cfg.train.z_loss
+        loss = self.engine(x, targets=y, z_loss=z) if z else self.engine(x, targets=y)
+        z_term = (
+            self.module.last_z_loss.detach().double()
+            if z
+            else loss.new_zeros((), dtype=torch.float64)
+        )
+        objective = loss
+        if fault is not None:
+            if fault.kind == "nan":
+                objective = loss = loss * float("nan")
+            elif fault.kind == "scale_loss":
+                objective = loss = loss * fault.factor
+            else:  # scale_grads: the gradients only
+                objective = loss * fault.factor
+        self.engine.backward(objective)
+        return loss.detach().double() - z_term, z_term
+
+    def rollback(self, first_step: int, first_data_step: int) -> None:
+        """Back to the newest checkpoint before `first_step` (the first flagged step of a run
+        of spikes), never to train on the data from `first_data_step` - rollback_skip_before
+        to this step's + rollback_skip_after. Every rank calls it, with the same arguments."""
+        c, at = self.cfg.spikes, self.step
+        self.guard.flagged_steps.clear()
+        if len(self.rollbacks) >= c.max_rollbacks:
+            self.log(
+                f"warning: not rolling back at step {at}: spikes.max_rollbacks={c.max_rollbacks} "
+                f"reached; flagged steps are still skipped when spikes.skip_step is on"
+            )
+            return
+        tags = [t for t in complete_tags(self.layout.checkpoints) if tag_step(t) < first_step]
+        if not tags:
+            self.log(
+                f"warning: cannot roll back at step {at}: no checkpoint before the first spike "
+                f"(step {first_step}); save more often (checkpoint.interval) or keep more "
+                f"(checkpoint.keep_last)"
+            )
+            return
+        tag = tags[-1]
+        to_step = tag_step(tag)
+        gbs = self.cfg.train.global_batch_size
+        resume_data_step = read_state(self.layout.checkpoints / tag)["consumed_samples"] // gbs + 1
+        current_data_step = self.consumed // gbs
+        skip = (
+            max(resume_data_step, first_data_step - c.rollback_skip_before),
+            current_data_step + c.rollback_skip_after,
+        )
+        record = Rollback(len(self.rollbacks) + 1, at, to_step, first_step, skip)
+        if self.is_main:
+            write_rollbacks(self.layout.root, [*self.rollbacks, record])
+        dist_utils.barrier()
+        self.rollbacks.append(record)
+        self.log(
+            f"warning: rollback {record.index}: {c.rollback_after} of the last "
+            f"{c.rollback_within} steps were spikes (the first at step {first_step}); back to "
+            f"checkpoint {tag} (step {to_step}), never training on data steps "
+            f"{skip[0]}-{skip[1]}"
+        )
+        _test_kill("record")
+        self._drop_stale_checkpoints()
+        self._load(tag)
+        self.fire("on_rollback", record)
+        _test_kill("done")
+
+    # ------------------------------------------------------------------------- set-up
 
     # ------------------------------------------------------------------------- set-up
 
@@ -177,6 +280,10 @@ class Trainer:
 
         self.engine = build_engine(cfg, self.env.world_size, self.device)
         self.module: Transformer = self.engine.module
+        self.guard = StepGuard(cfg.spikes, self.env.world_size)
+        self.guard.install(self.engine)
+        self.faults = {f.step: f for f in cfg.spikes.faults}
+        self.rollbacks = read_rollbacks(self.layout.root) if cfg.checkpoint.resume else []
         self.checkpointer = Checkpointer(
             self.layout.checkpoints, cfg.checkpoint.keep_last, self.env.rank, self.env.world_size
         )
@@ -187,22 +294,37 @@ class Trainer:
                 self.layout.config, yaml.safe_dump(self.resolved, sort_keys=False), fsync=False
             )
         self.tokens_per_step = t.global_batch_size * cfg.seq_len
-        self._batches = self.data.train_batches(cfg, self.env, self.consumed)
 
-    def _resume(self) -> None:
-        tag = find_resume_tag(
-            self.layout.checkpoints, self.cfg.checkpoint.verify, self.env.rank, self.env.world_size
-        )
-        if tag is None:
+    def _position_data(self) -> None:
+        """(Re)open the data stream where the next step reads: past any skipped window."""
+        gbs = self.cfg.train.global_batch_size
+        windows = DataWindows([*self.cfg.spikes.skip_data, *(r.skip for r in self.rollbacks)])
+        data_step = windows.next_data_step(self.consumed // gbs + 1)
+        if self._batches is not None and data_step == self.consumed // gbs + 1:
             return
-        folder = self.layout.checkpoints / tag
-        saved = read_state(folder).get("config", {}).get("model", {})
-        changed = _diff(saved, self.resolved["model"], "model")
-        if changed:
-            raise ConfigError(
-                f"{folder} holds a different model ({'; '.join(changed)}); use a new "
-                f"logging.run_dir, or --set checkpoint.resume=false to start this run over"
+        if data_step != self.consumed // gbs + 1:
+            self.log(
+                f"skipping data steps {self.consumed // gbs + 1}-{data_step - 1} "
+                f"(spikes.skip_data, {self.layout.root / ROLLBACKS_FILE})"
             )
+        self.consumed = (data_step - 1) * gbs
+        self._batches = self.data.train_batches(self.cfg, self.env, self.consumed)
+
+    def _drop_stale_checkpoints(self) -> None:
+        """Delete the checkpoints a rollback went back past: written after its first spike
+        and before it (their `rollbacks` count is lower than its index). Idempotent, so a
+        resume after a kill in the middle of a rollback finishes it."""
+        if self.is_main:
+            for tag in complete_tags(self.layout.checkpoints):
+                folder = self.layout.checkpoints / tag
+                done = read_state(folder).get("rollbacks", 0)
+                if any(tag_step(tag) > r.to_step and done < r.index for r in self.rollbacks):
+                    self.log(f"removing checkpoint {tag}: it is past a rollback")
+                    self.checkpointer.discard(tag)
+        dist_utils.barrier()
+
+    def _load(self, tag: str) -> None:
+        """Restore checkpoint `tag`: engine, step, data position and callback state."""
         state = self.checkpointer.load(self.engine, tag)
         self.step, self.consumed = state["step"], state["consumed_samples"]
         if self.consumed % self.cfg.train.global_batch_size:
@@ -214,9 +336,31 @@ class Trainer:
         saved_callbacks = state.get("callbacks", {})
         if "spike_detector" in state:  # checkpoints written before callbacks had state
             saved_callbacks.setdefault("spikes", state["spike_detector"])
+        self.guard.load_state_dict(state.get("spike_guard", saved_callbacks.get("spikes", {})))
         for cb in self.callbacks:
             if cb.state_key and cb.state_key in saved_callbacks:
                 cb.load_state_dict(saved_callbacks[cb.state_key])
+        self._batches = None  # reopened where the next step reads
+
+    def _resume(self) -> None:
+        if self.rollbacks:
+            self._drop_stale_checkpoints()
+        tag = find_resume_tag(
+            self.layout.checkpoints, self.cfg.checkpoint.verify, self.env.rank, self.env.world_size
+        )
+        if tag is None:
+            return
+        folder = self.layout.checkpoints / tag
+        saved = read_state(folder).get("config", {}).get("model", {})
+        # A field added since the checkpoint was written counts as its default.
+        saved = {**to_dict(ModelConfig()), **saved}
+        changed = _diff(saved, self.resolved["model"], "model")
+        if changed:
+            raise ConfigError(
+                f"{folder} holds a different model ({'; '.join(changed)}); use a new "
+                f"logging.run_dir, or --set checkpoint.resume=false to start this run over"
+            )
+        self._load(tag)
         self.resumed_from = tag
         self.log(f"resumed from {folder} (step {self.step}, {self.consumed:,} samples)")
 
@@ -229,6 +373,8 @@ class Trainer:
             "consumed_tokens": self.consumed * self.cfg.seq_len,
             "data": {"consumed_samples": self.consumed, "train": list(self.cfg.data.train)},
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks if cb.state_key},
+            "spike_guard": self.guard.state_dict(),
+            "rollbacks": len(self.rollbacks),  # rollbacks before it (see _drop_stale_checkpoints)
             "config": self.resolved,
         }
         try:
@@ -288,6 +434,12 @@ class Trainer:
             changed = _diff(yaml.safe_load(path.read_text()) or {}, self.resolved)
             if changed:
                 self.log("warning: config differs from the saved run config: " + ", ".join(changed))
+
+
+def _test_kill(point: str) -> None:
+    """Tests kill the process at a point of a rollback (PRETRAIN_TEST_KILL_IN_ROLLBACK)."""
+    if os.environ.get("PRETRAIN_TEST_KILL_IN_ROLLBACK") == point:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:

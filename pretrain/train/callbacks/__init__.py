@@ -15,7 +15,7 @@ from pretrain.train.callbacks.evaluation import Evaluation
 from pretrain.train.callbacks.max_logit import MaxLogitMonitor
 from pretrain.train.callbacks.preemption import Preemption
 from pretrain.train.callbacks.speed import SpeedMonitor
-from pretrain.train.callbacks.spikes import Spike, SpikeDetector, SpikeMonitor
+from pretrain.train.callbacks.spikes import SpikeMonitor
 from pretrain.train.callbacks.writers import MetricsFile, TensorBoard, WandbLogger
 
 
@@ -27,7 +27,7 @@ def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
     out: list[Callback] = [
         Preemption(),
         SpeedMonitor(),
-        SpikeMonitor(log.spike_window, log.spike_threshold),
+        SpikeMonitor(),
     ]
     if log.max_logit_interval > 0:
         out.append(MaxLogitMonitor(log.max_logit_interval))
@@ -67,8 +67,6 @@ __all__ = [
     "Preemption",
     "Samples",
     "SpeedMonitor",
-    "Spike",
-    "SpikeDetector",
     "SpikeMonitor",
     "StepOutput",
     "TensorBoard",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
+    from pretrain.train.spikes import Rollback, Verdict
     from pretrain.train.trainer import Trainer
 
 
@@ -26,6 +27,7 @@ class StepOutput:
     stopping: bool  # some rank received a pre-emption signal: save and stop after this step
     first_input: torch.Tensor | None  # this rank's first sequence of the step (for probes)
     log: bool  # a logging step (logging.log_interval, the last step, or stopping)
+    verdict: Verdict | None = None  # the loss-spike guard's judgement (pretrain/train/spikes.py)
     scalars: dict[str, float] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (tag, text)
 
@@ -40,6 +42,8 @@ class Callback:
         on_step_end       after every optimizer step, with its StepOutput
         on_evaluation     after a validation pass, with its results
         on_save           after a checkpoint is complete, with its folder
+        on_rollback       after a rollback restored an earlier checkpoint (spikes.rollback_after),
+                          with its Rollback record; trainer.step is the checkpoint's step
         on_fit_end        always, last; exit_code is 0, 99 (pre-empted) or None (an error)
 
     A callback with `state_key` set has its `state_dict()` saved in every checkpoint and
@@ -57,6 +61,8 @@ class Callback:
     def on_evaluation(self, trainer: Trainer, results: dict[str, float]) -> None: ...
 
     def on_save(self, trainer: Trainer, folder: Path) -> None: ...
+
+    def on_rollback(self, trainer: Trainer, rollback: Rollback) -> None: ...
 
     def on_fit_end(self, trainer: Trainer, exit_code: int | None) -> None: ...
 

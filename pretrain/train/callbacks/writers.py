@@ -1,7 +1,8 @@
 """Where the scalars go: the run's metrics file, TensorBoard, Weights & Biases. Rank 0 writes.
 
 After a resume from step k, lines and TensorBoard events past k (written by the run that
-died) are dropped, so curves never hold two histories.
+died) are dropped, so curves never hold two histories; a rollback to step k drops them the
+same way and records itself at step k (spikes/rollbacks, spikes/rollback_from).
 """
 
 from __future__ import annotations
@@ -16,6 +17,22 @@ from pretrain.run_layout import atomic_write, read_metrics
 from pretrain.train.callbacks.base import Callback, StepOutput
 
 
+def rollback_scalars(r) -> dict[str, float]:
+    return {
+        "spikes/rollbacks": float(r.index),
+        "spikes/rollback_from": float(r.at_step),
+        "spikes/skip_first": float(r.skip[0]),
+        "spikes/skip_last": float(r.skip[1]),
+    }
+
+
+def rollback_text(r) -> str:
+    return (
+        f"rollback {r.index} at step {r.at_step} (first spike at step {r.first_spike}): back to "
+        f"step {r.to_step}, data steps {r.skip[0]}-{r.skip[1]} skipped"
+    )
+
+
 def _clean(scalars: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in scalars.items() if v is not None}
 
@@ -28,14 +45,22 @@ class MetricsFile(Callback):
         self.file = None
 
     def on_train_start(self, trainer) -> None:
-        if not trainer.is_main:
-            return
+        if trainer.is_main:
+            self._open(trainer)
+
+    def _open(self, trainer, extra: dict[str, Any] | None = None) -> None:
         path = trainer.layout.metrics
         if path.is_file():  # keep what the resumed checkpoint had seen
             rows = [r for r in read_metrics(trainer.layout.root) if r["step"] <= trainer.step]
+            rows += [extra] if extra else []
             atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows), fsync=False)
         # Line-buffered: a kill loses at most the line being written.
         self.file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in on_fit_end)
+
+    def on_rollback(self, trainer, rollback) -> None:
+        if self.file is not None:
+            self.file.close()
+            self._open(trainer, {"step": trainer.step, **rollback_scalars(rollback)})
 
     def on_step_end(self, trainer, out: StepOutput) -> None:
         if self.file is not None:
@@ -74,6 +99,17 @@ class TensorBoard(Callback):
             self.writer.add_scalar(k, v, out.step)
         for tag, text in out.events:
             self.writer.add_text(tag, text, out.step)
+
+    def on_rollback(self, trainer, rollback) -> None:
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()  # reopened to purge the steps the rollback went back past
+        self.writer = SummaryWriter(str(trainer.layout.tensorboard), purge_step=trainer.step + 1)
+        for k, v in rollback_scalars(rollback).items():
+            self.writer.add_scalar(k, v, trainer.step)
+        self.writer.add_text("spikes", rollback_text(rollback), trainer.step)
 
     def on_fit_end(self, trainer, exit_code) -> None:
         if self.writer is not None:

@@ -1,0 +1,333 @@
+"""Loss spikes: detect them, skip their update, roll back past them and skip their data.
+
+    SpikeDetector   robust z-score (rolling median / MAD) of one series: loss or grad norm
+    StepGuard       judges each step inside DeepSpeed's step, after the gradient norm is known
+                    and before the update, and skips the update when asked (spikes.skip_step)
+    Rollback        a rollback: the step it happened at, the checkpoint it went back to, and the
+                    data steps it skipped; kept in RUN/rollbacks.json, so a resume skips them too
+    DataWindows     the data steps a run never trains on (spikes.skip_data and every rollback's)
+
+The trainer (pretrain/train/trainer.py) drives them; the SpikeMonitor callback logs them.
+
+A "data step" numbers the batches of the data stream: data step s is the batch that step s
+reads when no data is skipped. Skipping a data window moves every later step forward in the
+stream; nothing else about the data order changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import torch
+
+from pretrain.config import SpikesConfig
+from pretrain.run_layout import ROLLBACKS_FILE, atomic_write
+
+# MAD of a normal distribution is 0.6745 sigma: scaling by 1.4826 makes the robust score
+# comparable to a z-score.
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass
+class Spike:
+    step: int
+    value: float
+    expected: float  # median of the window
+    score: float  # (value - median) / (1.4826 * MAD); inf for NaN/Inf
+
+
+class SpikeDetector:
+    """Flags a value far above the recent ones, robustly: rolling median and MAD.
+
+    A z-score on mean and standard deviation is dragged by the spikes it should find; the
+    median and the median absolute deviation are not (until half the window is spikes, so
+    a lasting level change becomes the new normal after window / 2 steps). The window holds
+    the last `window` finite values; nothing is flagged before it holds `min_history`. A
+    non-finite value is always a spike. `last_score` is the latest value's score (None while
+    the window is short).
+    """
+
+    def __init__(self, window: int = 100, threshold: float = 6.0, min_history: int | None = None):
+        self.window = window
+        self.threshold = threshold
+        self.min_history = min_history if min_history is not None else max(10, window // 4)
+        self.history: deque[float] = deque(maxlen=window)
+        self.last_score: float | None = None
+
+    def score(self, value: float) -> tuple[float, float] | None:
+        """(robust z-score, median) of `value` against the window; None while it is short."""
+        if not math.isfinite(value):
+            return float("inf"), median(self.history) if self.history else float("nan")
+        if len(self.history) < self.min_history:
+            return None
+        med = median(self.history)
+        mad = median(abs(x - med) for x in self.history)
+        # A floor on the spread keeps a perfectly flat window from flagging rounding noise.
+        scale = MAD_TO_SIGMA * max(mad, 1e-3 * abs(med), 1e-8)
+        return (value - med) / scale, med
+
+    def update(self, step: int, value: float) -> Spike | None:
+        scored = self.score(value)
+        self.last_score = None if scored is None else scored[0]
+        spike = None
+        if scored is not None and scored[0] > self.threshold:
+            spike = Spike(step, value, scored[1], scored[0])
+        if math.isfinite(value):
+            self.history.append(value)
+        return spike
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        self.history.extend(state.get("history", []))
+
+
+@dataclass
+class Verdict:
+    """What the guard decided about one step."""
+
+    step: int
+    data_step: int
+    loss: float
+    grad_norm: float | None  # before clipping; None where DeepSpeed reports none
+    loss_score: float | None = None  # robust z-scores (None while the window is short)
+    grad_score: float | None = None
+    loss_spike: Spike | None = None
+    grad_spike: Spike | None = None
+    skipped: bool = False  # no update was applied
+    reason: str = ""  # why it was flagged, for the log
+
+    @property
+    def flagged(self) -> bool:
+        return self.loss_spike is not None or self.grad_spike is not None
+
+
+def _inner_optimizer(engine) -> torch.optim.Optimizer:
+    """The torch optimizer that applies the update: under DeepSpeed's BF16_Optimizer and ZeRO
+    wrappers it is `.optimizer` (stepping the rank's fp32 master partition); otherwise the
+    engine's optimizer itself."""
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else opt
+
+
+class StepGuard:
+    """Judges every step from its all-reduced loss and DeepSpeed's global gradient norm, and
+    withholds a flagged step's update when `spikes.skip_step` is on.
+
+    Why inside the optimizer: DeepSpeed computes the gradient norm in its own step, then clips
+    and calls the inner torch optimizer, then copies the fp32 master weights to the bf16 ones.
+    The guard wraps the inner optimizer's `step`: judged there, the norm is known and nothing
+    has changed yet; a skipped call leaves the master weights, the moments and the per-
+    parameter step counts as they were, and the copy back writes the same bf16 weights. That
+    holds for ZeRO 0, 1 and 2 in fp32 and bf16 (tests/test_train_spikes.py compares the
+    state bit for bit). DeepSpeed's BF16_Optimizer skips a non-finite gradient by itself
+    without calling the inner optimizer; the guard then records a skip with an infinite norm.
+
+    With skip_step on, the LR schedule moves on over a skipped step (DeepSpeed steps it; where
+    DeepSpeed skipped the step itself, the guard steps it): the schedule follows the step
+    number, so the run still ends at train_iters at the final LR, and a skipped step costs its
+    batch. With it off, nothing changes: DeepSpeed's own skips of non-finite gradients (fp32
+    ZeRO 1/2, the bf16 optimizer of ZeRO 0/1) hold the schedule, as they always did.
+    """
+
+    def __init__(self, cfg: SpikesConfig, world_size: int = 1):
+        self.cfg = cfg
+        self.world_size = world_size
+        self.loss = SpikeDetector(cfg.window, cfg.threshold)
+        self.grad_norm = SpikeDetector(cfg.window, cfg.threshold)
+        # (step, data step) of the flagged steps within the last rollback_within steps
+        self.flagged_steps: deque[tuple[int, int]] = deque()
+        self.skipped_total = 0  # skipped steps in the run's history
+        self._pending: tuple[int, int, float] | None = None
+        self._verdict: Verdict | None = None
+        self._engine = None
+        self._stage0_norm: float | None = None
+
+    def install(self, engine) -> None:
+        self._engine = engine
+        inner = _inner_optimizer(engine)
+        original = inner.step
+
+        @functools.wraps(original)
+        def guarded_step(*args, **kwargs):
+            # ZeRO calls the inner step once per parameter group: judge on the first call.
+            if self._pending is not None and self._verdict is None:
+                self._verdict = self._judge(self._read_grad_norm())
+            if self._verdict is not None and self._verdict.skipped:
+                return None
+            return original(*args, **kwargs)
+
+        inner.step = guarded_step
+        if inner is engine.optimizer:  # ZeRO 0 in fp32: the engine clips, and keeps no norm
+
+            def clip_and_keep_norm():
+                from deepspeed.runtime.utils import clip_grad_norm_
+
+                self._stage0_norm = float(
+                    clip_grad_norm_(
+                        parameters=engine.module.parameters(),
+                        max_norm=engine.gradient_clipping(),
+                        mpu=engine.mpu,
+                    )
+                )
+
+            engine.clip_fp32_gradients = clip_and_keep_norm
+
+    def _read_grad_norm(self) -> float | None:
+        engine = self._engine
+        opt = engine.optimizer
+        if opt is _inner_optimizer(engine):  # ZeRO 0, fp32
+            if engine.gradient_clipping() > 0:
+                return self._stage0_norm
+            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+            return float(torch.nn.utils.get_total_norm(grads)) if grads else None
+        norm = getattr(opt, "_global_grad_norm", None)
+        return None if norm is None else float(norm)
+
+    def begin(self, step: int, data_step: int, loss: float) -> None:
+        """Called with the step's all-reduced loss, before the engine's boundary step."""
+        self._pending = (step, data_step, loss)
+        self._verdict = None
+        self._stage0_norm = None
+
+    def finish(self) -> Verdict:
+        """After the engine's boundary step: the step's verdict."""
+        verdict = self._verdict
+        if verdict is None:  # DeepSpeed skipped the update itself: non-finite gradients
+            verdict = self._judge(float("inf"), skipped_by_deepspeed=True)
+            scheduler = self._engine.lr_scheduler
+            if self.cfg.skip_step and scheduler is not None:
+                scheduler.step()  # DeepSpeed holds the schedule on its own skips; we do not
+        self._pending = None
+        self._verdict = None
+        return verdict
+
+    def _judge(self, grad_norm: float | None, skipped_by_deepspeed: bool = False) -> Verdict:
+        step, data_step, loss = self._pending
+        v = Verdict(step, data_step, loss, grad_norm)
+        v.loss_spike = self.loss.update(step, loss)
+        v.loss_score = self.loss.last_score
+        if grad_norm is not None:
+            v.grad_spike = self.grad_norm.update(step, grad_norm)
+            v.grad_score = self.grad_norm.last_score
+        skip = skipped_by_deepspeed or (self.cfg.skip_step and v.flagged)
+        if self.cfg.skip_step and self.world_size > 1:
+            # The inputs are the same on every rank by construction (an all-reduced loss, a
+            # global norm); one scalar more makes a disagreement impossible, not just unlikely.
+            flag = torch.tensor([float(skip)], device=self._device())
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            skip = bool(flag.item())
+        v.skipped = skip
+        reasons = []
+        if v.loss_spike is not None:
+            reasons.append(f"loss {loss:.4f} (expected {v.loss_spike.expected:.4f})")
+        if v.grad_spike is not None:
+            reasons.append(f"grad norm {grad_norm:.4g} (expected {v.grad_spike.expected:.4g})")
+        if skipped_by_deepspeed:
+            reasons.append("non-finite gradients")
+        v.reason = ", ".join(reasons)
+        if v.flagged or skip:
+            self.flagged_steps.append((step, data_step))
+        self.skipped_total += skip
+        return v
+
+    def _device(self) -> torch.device:
+        return next(self._engine.module.parameters()).device
+
+    def rollback_due(self, step: int) -> tuple[int, int] | None:
+        """(step, data step) of the episode's first flagged step when rollback_after of the
+        last rollback_within steps were flagged; else None."""
+        c = self.cfg
+        while self.flagged_steps and self.flagged_steps[0][0] <= step - c.rollback_within:
+            self.flagged_steps.popleft()
+        if c.rollback_after and len(self.flagged_steps) >= c.rollback_after:
+            return self.flagged_steps[0]
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "loss": self.loss.state_dict(),
+            "grad_norm": self.grad_norm.state_dict(),
+            "flagged_steps": [list(f) for f in self.flagged_steps],
+            "skipped_total": self.skipped_total,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "history" in state:  # checkpoints from before grad-norm detection: the loss only
+            state = {"loss": state}
+        self.loss.load_state_dict(state.get("loss", {}))
+        self.grad_norm.load_state_dict(state.get("grad_norm", {}))
+        self.flagged_steps = deque(tuple(f) for f in state.get("flagged_steps", []))
+        self.skipped_total = state.get("skipped_total", 0)
+
+
+# ----------------------------------------------------------------------------- rollbacks
+
+
+@dataclass
+class Rollback:
+    """One rollback: at `at_step` the run went back to checkpoint `to_step` and skipped data
+    steps `skip` ([first, last], inclusive). `index` counts the run's rollbacks from 1."""
+
+    index: int
+    at_step: int
+    to_step: int
+    first_spike: int
+    skip: tuple[int, int]
+    time: float = field(default_factory=time.time)
+
+
+def read_rollbacks(run_dir: Path) -> list[Rollback]:
+    path = Path(run_dir) / ROLLBACKS_FILE
+    if not path.is_file():
+        return []
+    rows = json.loads(path.read_text())
+    return [Rollback(**{**r, "skip": tuple(r["skip"])}) for r in rows]
+
+
+def write_rollbacks(run_dir: Path, rollbacks: list[Rollback]) -> None:
+    """Atomic and fsynced: written before the rollback acts, so a kill at any point after
+    it resumes into the same rollback."""
+    atomic_write(
+        Path(run_dir) / ROLLBACKS_FILE, json.dumps([asdict(r) for r in rollbacks], indent=1)
+    )
+
+
+class DataWindows:
+    """Data steps never trained on: [first, last] windows, inclusive, 1-based."""
+
+    def __init__(self, windows: list[tuple[int, int]]):
+        self.windows = sorted((int(a), int(b)) for a, b in windows)
+
+    def next_data_step(self, data_step: int) -> int:
+        """The first data step at or after `data_step` outside every window."""
+        moved = True
+        while moved:
+            moved = False
+            for a, b in self.windows:
+                if a <= data_step <= b:
+                    data_step, moved = b + 1, True
+        return data_step
+
+
+__all__ = [
+    "DataWindows",
+    "Rollback",
+    "Spike",
+    "SpikeDetector",
+    "StepGuard",
+    "Verdict",
+    "read_rollbacks",
+    "write_rollbacks",
+]
