@@ -281,9 +281,11 @@ class FaultConfig:
     travels with the batch, like bad data: a rollback that skips the batch avoids it."""
 
     step: int
+    last: int | None = None  # corrupt data steps step..last (null = step only)
     # nan: the loss (and so every gradient) is NaN; scale_loss: the loss and its gradients are
-    # multiplied by `factor`; scale_grads: the gradients only (the loss reads normal).
-    kind: Literal["nan", "scale_loss", "scale_grads"] = "scale_loss"
+    # multiplied by `factor`; scale_grads: the gradients only (the loss reads normal);
+    # noise: the batch is replaced by uniformly random token ids (bad data: it is learned).
+    kind: Literal["nan", "scale_loss", "scale_grads", "noise"] = "scale_loss"
     factor: float = 100.0
 
 
@@ -293,9 +295,11 @@ class SpikesConfig:
     rolled back only when asked (the paper's runs did neither)."""
 
     # Detection: a robust z-score (median / MAD over the last `window` steps) of the loss and
-    # of the grad norm; above `threshold` the step is flagged. NaN/Inf is always flagged.
+    # of the grad norm; above `threshold` (loss) or `grad_norm_threshold` the step is flagged.
+    # NaN/Inf is always flagged. Grad norms are heavy-tailed: clean quickstart steps reach 8.
     window: int = 100
     threshold: float = 6.0
+    grad_norm_threshold: float = 10.0
     # Mitigation, off by default. skip_step: a flagged step applies no update (parameters,
     # optimizer moments and step count untouched; the LR schedule and the data move on).
     skip_step: bool = False

@@ -127,8 +127,9 @@ def _check_spikes(cfg: Config) -> None:
     c = cfg.spikes
     if c.window < 2:
         raise ConfigError(f"spikes.window={c.window} must be >= 2")
-    if c.threshold <= 0:
-        raise ConfigError(f"spikes.threshold={c.threshold} must be > 0 (a robust z-score)")
+    for key in ("threshold", "grad_norm_threshold"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"spikes.{key}={getattr(c, key)} must be > 0 (a robust z-score)")
     for key in ("rollback_after", "rollback_skip_before", "rollback_skip_after", "max_rollbacks"):
         if getattr(c, key) < 0:
             raise ConfigError(f"spikes.{key}={getattr(c, key)} must be >= 0")
@@ -146,6 +147,8 @@ def _check_spikes(cfg: Config) -> None:
     for i, f in enumerate(c.faults):
         if f.step < 1:
             raise ConfigError(f"spikes.faults[{i}].step={f.step} must be >= 1")
+        if f.last is not None and f.last < f.step:
+            raise ConfigError(f"spikes.faults[{i}].last={f.last} must be >= step={f.step}")
         if f.kind != "nan" and not (math.isfinite(f.factor) and f.factor != 0):
             raise ConfigError(f"spikes.faults[{i}].factor={f.factor} must be finite and non-zero")
     if cfg.train.z_loss < 0:

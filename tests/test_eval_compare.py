@@ -157,14 +157,21 @@ def test_welch_t_test_against_a_baseline(tmp_path, capsys):
     assert "--baseline 'nope' is none of the groups" in capsys.readouterr().err
 
 
-def test_loss_plot_reads_curves_and_spikes(tmp_path):
+def test_loss_plot_reads_curves_spikes_skips_and_rollbacks(tmp_path):
     from pretrain.eval.plots import plot_loss_curves, read_curves
 
     run = make_run(tmp_path, "r", 1, 10000.0, [(10, 3.0), (20, 2.5)])
     rows = [(step, {"train/loss": 5.0 / step}) for step in range(1, 31)]
-    write_metrics(run, [*rows, (17, {"spikes/loss": 9.0, "spikes/score": 12.0})], resume_step=20)
+    marks = [
+        (17, {"spikes/loss": 9.0, "spikes/score": 12.0}),
+        (12, {"spikes/skipped": 1.0, "spikes/skipped_steps": 1.0}),
+        (13, {"spikes/skipped_steps": 1.0}),  # a count on a normal step is no skip
+        (15, {"spikes/rollbacks": 1.0, "spikes/rollback_from": 19.0}),
+    ]
+    write_metrics(run, [*rows, *marks], resume_step=20)
     c = read_curves(run)
     assert [s for s, _ in c.valid] == [10, 20] and c.spikes == [(17, 9.0)]
+    assert c.skipped == [12] and c.rollbacks == [(15, 19)]
     assert len(c.train) == 30 + 2  # make_run logged train/loss with each valid/loss
     png = plot_loss_curves([run], tmp_path / "plot" / "loss.png")
     data = png.read_bytes()

@@ -40,6 +40,7 @@ class StateProbe(Callback):
         self.after: dict[int, list[torch.Tensor]] = {}
         self.verdicts = {}
         self.lrs: dict[int, float] = {}
+        self.scalars: dict[int, dict[str, float]] = {}
 
     def on_step_end(self, trainer, out) -> None:
         inner = _inner_optimizer(trainer.engine)
@@ -53,6 +54,7 @@ class StateProbe(Callback):
         self.after[out.step] = tensors
         self.verdicts[out.step] = out.verdict
         self.lrs[out.step] = out.lr
+        self.scalars[out.step] = dict(out.scalars)
 
 
 def _cfg(run, data, **sections) -> Config:
@@ -116,7 +118,7 @@ def test_without_mitigation_a_nan_step_is_applied(tmp_path, data, isolated_env):
     cfg = _cfg(
         tmp_path / "run",
         data,
-        train={"train_iters": 6, "zero_stage": 0},
+        train={"train_iters": 6, "zero_stage": 0, "z_loss": 1e-3},
         spikes={"faults": [{"step": 5, "kind": "nan"}]},
         checkpoint={"interval": 1000},
     )
@@ -124,6 +126,10 @@ def test_without_mitigation_a_nan_step_is_applied(tmp_path, data, isolated_env):
     assert Trainer(cfg, callbacks=[probe], save_checkpoints=False).fit() == 0
     assert probe.verdicts[5].flagged and not probe.verdicts[5].skipped
     assert not probe.after[5][0].isfinite().all()  # the NaN reached the weights
+    # z-loss on: the added term (1e-3 x lse^2, lse about log(257) = 5.5 at initialisation) is
+    # logged apart from train/loss.
+    z = probe.scalars[1]["train/z_loss"]
+    assert 1e-3 * 4.0**2 < z < 1e-3 * 7.0**2
 
 
 ROLLBACK = {

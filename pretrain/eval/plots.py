@@ -1,7 +1,7 @@
-"""Loss curves of several runs in one PNG, loss spikes marked.
+"""Loss curves of several runs in one PNG: loss spikes, skipped steps and rollbacks marked.
 
-Reads the run's metrics file only (train/loss, valid/loss, spikes/loss), so it works on runs
-copied from a cluster without TensorBoard.
+Reads the run's metrics file only (train/loss, valid/loss, spikes/loss, spikes/skipped,
+spikes/rollback_from), so it works on runs copied from a cluster without TensorBoard.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ class Curves:
     train: list[tuple[int, float]] = field(default_factory=list)
     valid: list[tuple[int, float]] = field(default_factory=list)
     spikes: list[tuple[int, float]] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # steps whose update was withheld
+    rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (to step, from step)
 
 
 def read_curves(run: str | Path) -> Curves:
@@ -34,9 +36,19 @@ def read_curves(run: str | Path) -> Curves:
         ):
             if key in row and row[key] is not None:
                 dest.append((int(step), float(row[key])))
-    for seq in (curves.train, curves.valid, curves.spikes):
+        if row.get("spikes/skipped"):
+            curves.skipped.append(int(step))
+        if row.get("spikes/rollback_from") is not None:
+            curves.rollbacks.append((int(step), int(row["spikes/rollback_from"])))
+    for seq in (curves.train, curves.valid, curves.spikes, curves.skipped, curves.rollbacks):
         seq.sort()
     return curves
+
+
+def _nearest_finite(losses: dict[int, float], step: int) -> float:
+    """The loss at `step`, or at the nearest earlier step where it is finite."""
+    finite = [(s, v) for s, v in losses.items() if s <= step and math.isfinite(v)]
+    return max(finite)[1] if finite else float("nan")
 
 
 def _ema(values: list[float], alpha: float) -> list[float]:
@@ -51,8 +63,9 @@ def _ema(values: list[float], alpha: float) -> list[float]:
 def plot_loss_curves(
     runs: list[str | Path], out: str | Path, smoothing: float = 0.1, log_x: bool = False
 ) -> Path:
-    """Training loss (raw, faint; EMA-smoothed, solid), validation loss (dots) and spikes
-    (red crosses) of each run on one axis. Returns the PNG path."""
+    """Training loss (raw, faint; EMA-smoothed, solid), validation loss (dots), spikes (red
+    crosses), skipped steps (ticks under the curve) and rollbacks (a shaded span from the
+    step returned to, to the step it happened at) of each run on one axis. Returns the PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +73,7 @@ def plot_loss_curves(
 
     fig, ax = plt.subplots(figsize=(10, 5.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    any_spike = False
+    any_spike = any_skip = any_rollback = False
     for i, run in enumerate(runs):
         c = read_curves(run)
         color = colors[i % len(colors)]
@@ -83,13 +96,40 @@ def plot_loss_curves(
             steps, losses = zip(*c.spikes, strict=True)
             ax.plot(steps, losses, "x", color="red", markersize=8, markeredgewidth=2)
             any_spike = True
+        if c.skipped:
+            # Under the run's own curve (its loss at the skipped step may be NaN).
+            known = dict(c.train)
+            ys = [_nearest_finite(known, s) for s in c.skipped]
+            ax.plot(c.skipped, ys, "|", color=color, markersize=14, markeredgewidth=2)
+            any_skip = True
+        for to_step, from_step in c.rollbacks:
+            ax.axvspan(to_step, from_step, color=color, alpha=0.15, linewidth=0)
+            ax.annotate(
+                f"rollback {from_step}->{to_step}",
+                (to_step, 1.0),
+                xycoords=("data", "axes fraction"),
+                textcoords="offset points",
+                xytext=(2, -12 * (1 + i)),
+                fontsize=7,
+                color=color,
+            )
+            any_rollback = True
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per token)")
     if log_x:
         ax.set_xscale("log")
     ax.grid(alpha=0.3)
     title = "training loss (EMA), validation loss (dots)"
-    ax.set_title(title + (", loss spikes (red x)" if any_spike else ""))
+    marks = [
+        text
+        for text, on in (
+            ("loss spikes (red x)", any_spike),
+            ("skipped steps (|)", any_skip),
+            ("rollbacks (shaded)", any_rollback),
+        )
+        if on
+    ]
+    ax.set_title(title + "".join(", " + m for m in marks), fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     out = Path(out)

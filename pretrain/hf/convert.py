@@ -61,6 +61,11 @@ def unsupported_features(cfg: ModelConfig, target: str) -> list[str]:
         return []
     cls = CLASS_NAMES[target]
     problems = []
+    if cfg.attn_logit_softcap:
+        problems.append(
+            f"{cls} has no attention-logit soft cap (model.attn_logit_softcap: "
+            f"{cfg.attn_logit_softcap})"
+        )
     if cfg.qk_norm:
         problems.append("QK-Norm (model.qk_norm: true)")
     if cfg.learned_pos_emb:
@@ -198,6 +203,7 @@ def hf_config(
         rope_theta=cfg.rope_theta,
         learned_pos_emb=cfg.learned_pos_emb,
         qk_norm=cfg.qk_norm,
+        attn_logit_softcap=cfg.attn_logit_softcap,
         dropout=cfg.dropout,
     )
     config.architectures = [CLASS_NAMES[REMOTE]]
@@ -253,6 +259,7 @@ def _forward_differences(
         "rope_theta",
         "learned_pos_emb",
         "qk_norm",
+        "attn_logit_softcap",
         "tie_embeddings",
     )
     out = [p for p in props if getattr(derived, p) != getattr(recorded, p)]
@@ -357,6 +364,7 @@ def _derived_config(hf_cfg) -> ModelConfig:
                 rotary_dims=hf_cfg.rotary_dims,
                 learned_pos_emb=bool(hf_cfg.learned_pos_emb),
                 qk_norm=bool(hf_cfg.qk_norm),
+                attn_logit_softcap=float(getattr(hf_cfg, "attn_logit_softcap", 0.0)),
                 dropout=float(hf_cfg.dropout),
             )
     except ConfigError as e:

@@ -145,7 +145,7 @@ class StepGuard:
         self.cfg = cfg
         self.world_size = world_size
         self.loss = SpikeDetector(cfg.window, cfg.threshold)
-        self.grad_norm = SpikeDetector(cfg.window, cfg.threshold)
+        self.grad_norm = SpikeDetector(cfg.window, cfg.grad_norm_threshold)
         # (step, data step) of the flagged steps within the last rollback_within steps
         self.flagged_steps: deque[tuple[int, int]] = deque()
         self.skipped_total = 0  # skipped steps in the run's history

@@ -138,6 +138,8 @@ class Trainer:
         for i in range(self.grad_accum):
             batch = self._next_batch()
             x, y = batch["input_ids"].to(self.device), batch["labels"].to(self.device)
+            if fault is not None and fault.kind == "noise":
+                x, y = self._noise_batch(x, data_step, i)
             first = x[:1] if first is None else first
             loss, z_term = self.forward_backward(x, y, fault)
             loss_sum += loss
@@ -194,7 +196,7 @@ class Trainer:
             else loss.new_zeros((), dtype=torch.float64)
         )
         objective = loss
-        if fault is not None:
+        if fault is not None and fault.kind != "noise":
             if fault.kind == "nan":
                 objective = loss = loss * float("nan")
             elif fault.kind == "scale_loss":
@@ -203,6 +205,15 @@ class Trainer:
                 objective = loss * fault.factor
         self.engine.backward(objective)
         return loss.detach().double() - z_term, z_term
+
+    def _noise_batch(self, x: torch.Tensor, data_step: int, micro: int):
+        """Uniformly random token ids in place of a micro batch (spikes.faults kind noise),
+        the same for a data step on every run of the config."""
+        g = torch.Generator().manual_seed(
+            hash((self.cfg.train.seed, data_step, micro, self.env.rank)) % 2**63
+        )
+        seq = torch.randint(0, self.cfg.model.vocab_size, (x.shape[0], x.shape[1] + 1), generator=g)
+        return seq[:, :-1].to(self.device), seq[:, 1:].to(self.device)
 
     def rollback(self, first_step: int, first_data_step: int) -> None:
         """Back to the newest checkpoint before `first_step` (the first flagged step of a run
@@ -282,7 +293,9 @@ class Trainer:
         self.module: Transformer = self.engine.module
         self.guard = StepGuard(cfg.spikes, self.env.world_size)
         self.guard.install(self.engine)
-        self.faults = {f.step: f for f in cfg.spikes.faults}
+        self.faults = {
+            s: f for f in cfg.spikes.faults for s in range(f.step, (f.last or f.step) + 1)
+        }
         self.rollbacks = read_rollbacks(self.layout.root) if cfg.checkpoint.resume else []
         self.checkpointer = Checkpointer(
             self.layout.checkpoints, cfg.checkpoint.keep_last, self.env.rank, self.env.world_size

@@ -11,6 +11,7 @@ One config describes Llama-style and Pythia-style models and everything between:
     mlp          "swiglu" (down(silu(gate(x)) * up(x))) or "gelu" (down(gelu(up(x))))
     rotary_dims  RoPE on the first `rotary_dims` dims of each head (0 = NoPE), base rope_theta
     qk_norm      normalize each head's query and key over head_dim, before RoPE
+    attn_logit_softcap  attention logits -> cap * tanh(logits / cap); 0 = off
     learned_pos_emb  learned absolute positions added to the token embeddings
 """
 
@@ -42,6 +43,7 @@ class RopeLMConfig(PretrainedConfig):
         rope_theta: float = 10000.0,
         learned_pos_emb: bool = False,
         qk_norm: bool = False,
+        attn_logit_softcap: float = 0.0,
         dropout: float = 0.0,
         initializer_range: float = 0.02,
         tie_word_embeddings: bool = False,
@@ -91,6 +93,7 @@ class RopeLMConfig(PretrainedConfig):
         self.rope_theta = float(rope_theta)
         self.learned_pos_emb = learned_pos_emb
         self.qk_norm = qk_norm
+        self.attn_logit_softcap = float(attn_logit_softcap)
         self.dropout = dropout
         self.initializer_range = initializer_range
         self.use_cache = use_cache

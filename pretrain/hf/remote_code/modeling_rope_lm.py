@@ -94,6 +94,7 @@ class RopeLMAttention(nn.Module):
         self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.dropout = config.dropout
+        self.softcap = getattr(config, "attn_logit_softcap", 0.0)
 
     def forward(self, x, cos, sin, padding_mask, past_key_values: Cache | None = None):
         B, T, _ = x.shape
@@ -111,6 +112,17 @@ class RopeLMAttention(nn.Module):
         if KV != H:
             k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
         mask, is_causal = causal_mask(padding_mask, past, T, k.shape[2], x.device)
+        if self.softcap:
+            if is_causal:
+                mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril()
+            scores = (q @ k.transpose(-2, -1)).float() * D**-0.5
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            p = torch.softmax(scores, dim=-1).to(v.dtype)
+            if self.training and self.dropout:
+                p = F.dropout(p, self.dropout)
+            return self.o_proj((p @ v).transpose(1, 2).reshape(B, T, H * D))
         y = F.scaled_dot_product_attention(
             q,
             k,

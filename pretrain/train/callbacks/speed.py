@@ -68,3 +68,7 @@ class SpeedMonitor(Callback):
 
     def on_save(self, trainer, folder) -> None:
         self._reset()
+
+    def on_rollback(self, trainer, rollback) -> None:
+        self._reset()  # loading the checkpoint is not training time
+        self.window_start, self.steps = time.perf_counter(), 0
