@@ -47,6 +47,7 @@ from pretrain.run_layout import (
     file_record,
     fsync_dir,
     step_tag,
+    tag_step,
     verify_checkpoint,
 )
 from pretrain.train.distributed import barrier
@@ -122,9 +123,14 @@ def _gather(values: list) -> list:
 
 
 def find_resume_tag(
-    ckpt_dir: Path, verify: str = "checksum", rank: int = 0, world_size: int = 1
+    ckpt_dir: Path,
+    verify: str = "checksum",
+    rank: int = 0,
+    world_size: int = 1,
+    before: int | None = None,
 ) -> str | None:
-    """The newest checkpoint that passes verification (`latest` first when complete).
+    """The newest checkpoint that passes verification (`latest` first when complete), of a
+    step below `before` when given (a rollback's target).
 
     verify: "checksum", "size" or "none". Every rank calls it with the process group up (or
     one process without): the ranks share the files to check and agree on the result.
@@ -132,6 +138,8 @@ def find_resume_tag(
     intact, CheckpointError says so.
     """
     tags = complete_tags(ckpt_dir)
+    if before is not None:
+        tags = [t for t in tags if tag_step(t) < before]
     latest = ckpt_dir / LATEST_FILE
     named = latest.read_text().strip() if latest.is_file() else ""
     if named in tags:  # `latest` wins over a newer folder (e.g. one saved after a rollback)

@@ -44,6 +44,7 @@ from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks import Callback, StepOutput, build_callbacks
 from pretrain.train.checkpoint import (
     Checkpointer,
+    CheckpointError,
     complete_tags,
     find_resume_tag,
     read_state,
@@ -227,15 +228,23 @@ class Trainer:
                 f"reached; flagged steps are still skipped when spikes.skip_step is on"
             )
             return
-        tags = [t for t in complete_tags(self.layout.checkpoints) if tag_step(t) < first_step]
-        if not tags:
+        try:
+            tag = find_resume_tag(
+                self.layout.checkpoints,
+                self.cfg.checkpoint.verify,
+                self.env.rank,
+                self.env.world_size,
+                before=first_step,
+            )
+        except CheckpointError:  # all damaged (each named in a warning above)
+            tag = None
+        if tag is None:
             self.log(
-                f"warning: cannot roll back at step {at}: no checkpoint before the first spike "
-                f"(step {first_step}); save more often (checkpoint.interval) or keep more "
+                f"warning: cannot roll back at step {at}: no intact checkpoint before the first "
+                f"spike (step {first_step}); save more often (checkpoint.interval) or keep more "
                 f"(checkpoint.keep_last)"
             )
             return
-        tag = tags[-1]
         to_step = tag_step(tag)
         gbs = self.cfg.train.global_batch_size
         resume_data_step = read_state(self.layout.checkpoints / tag)["consumed_samples"] // gbs + 1
@@ -260,8 +269,6 @@ class Trainer:
         self._load(tag)
         self.fire("on_rollback", record)
         _test_kill("done")
-
-    # ------------------------------------------------------------------------- set-up
 
     # ------------------------------------------------------------------------- set-up
 
@@ -297,6 +304,8 @@ class Trainer:
             s: f for f in cfg.spikes.faults for s in range(f.step, (f.last or f.step) + 1)
         }
         self.rollbacks = read_rollbacks(self.layout.root) if cfg.checkpoint.resume else []
+        if not cfg.checkpoint.resume and self.is_main:  # a run started over forgets them
+            (self.layout.root / ROLLBACKS_FILE).unlink(missing_ok=True)
         self.checkpointer = Checkpointer(
             self.layout.checkpoints, cfg.checkpoint.keep_last, self.env.rank, self.env.world_size
         )
