@@ -27,6 +27,29 @@ def format_tokens(n: int) -> str:
     return str(n)
 
 
+def spike_policy(c) -> str:
+    """What the run does about loss spikes beyond logging them, in words ('' = nothing)."""
+    parts = []
+    if c.skip_step:
+        parts.append("flagged steps apply no update")
+    if c.rollback_after:
+        parts.append(
+            f"{c.rollback_after} flagged of {c.rollback_within} steps roll back to the checkpoint "
+            f"before them and skip their data (-{c.rollback_skip_before}/+{c.rollback_skip_after} "
+            f"data steps, at most {c.max_rollbacks} times)"
+        )
+    if c.skip_data:
+        parts.append("data steps " + ", ".join(f"{a}-{b}" for a, b in c.skip_data) + " skipped")
+    if c.faults:
+        parts.append(
+            "INJECTED FAULTS at data steps "
+            + ", ".join(
+                f"{f.step}" + (f"-{f.last}" if f.last else "") + f" ({f.kind})" for f in c.faults
+            )
+        )
+    return "; ".join(parts)
+
+
 class ConsoleProgress(Callback):
     """Rank 0's console: model and batch at start, `step i/N | loss | lr | ... | ETA`, the end."""
 
@@ -42,6 +65,9 @@ class ConsoleProgress(Callback):
             f"{tokens:,} tokens/step x {t.train_iters:,} steps = "
             f"{format_tokens(tokens * t.train_iters)} tokens"
         )
+        policy = spike_policy(cfg.spikes)
+        if policy:
+            trainer.log("loss spikes: " + policy)
         self.t_start = time.perf_counter()
 
     def on_step_end(self, trainer, out: StepOutput) -> None:
