@@ -63,8 +63,8 @@ def _ema(values: list[float], alpha: float) -> list[float]:
 def plot_loss_curves(
     runs: list[str | Path], out: str | Path, smoothing: float = 0.1, log_x: bool = False
 ) -> Path:
-    """Training loss (raw, faint; EMA-smoothed, solid), validation loss (dots), spikes (red
-    crosses), skipped steps (ticks under the curve) and rollbacks (a shaded span from the
+    """Training loss (raw, faint; EMA-smoothed over the steps that updated, solid), validation
+    loss (dots), spikes (red crosses), skipped steps (ticks) and rollbacks (a shaded span from the
     step returned to, to the step it happened at) of each run on one axis. Returns the PNG."""
     import matplotlib
 
@@ -80,6 +80,11 @@ def plot_loss_curves(
         if c.train:
             steps, losses = zip(*c.train, strict=True)
             ax.plot(steps, losses, color=color, alpha=0.2, linewidth=0.8)
+            # The smoothed curve follows what the model trained on: a skipped step's loss is
+            # of a batch it never learned from (its raw value stays in the faint line).
+            skipped = set(c.skipped)
+            kept = [(s, v) for s, v in c.train if s not in skipped] or c.train
+            steps, losses = zip(*kept, strict=True)
             ax.plot(steps, _ema(list(losses), smoothing), color=color, linewidth=1.6, label=c.name)
         if c.valid:
             steps, losses = zip(*c.valid, strict=True)
