@@ -84,11 +84,10 @@ def transformers_llama(model: nn.Module) -> Contestant:
 
 
 def litgpt_available() -> bool:
-    try:
-        import litgpt.model  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Installed? Found without importing it (litgpt imports lightning: seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("litgpt") is not None
 
 
 def litgpt_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
