@@ -44,13 +44,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """out[..., :r] = the rotation of x (..., r) by the first halves of cos/sin, cast to out's
-    dtype on the copy. x1 cos - x2 sin and x2 cos + x1 sin are, op for op, the products and
-    sums of x cos + rotate_half(x) sin, so every element rounds exactly as before."""
+    """out[..., :r] = x (..., r) rotated by cos/sin (..., r), cast to out's dtype as written.
+
+    With xc = x cos and xs = x sin (cos and sin repeat their halves), the halves are
+    x1 cos - x2 sin = xc1 - xs2 and x2 cos + x1 sin = xc2 + xs1: the same products and sums,
+    rounded the same way, as x cos + rotate_half(x) sin, in 4 kernels instead of 5 and with no
+    concatenation (on CPU every elementwise kernel is a parallel region, and on a busy machine
+    each one waits for its threads)."""
     h = x.shape[-1] // 2
-    x1, x2, c, s = x[..., :h], x[..., h:], cos[..., :h], sin[..., :h]
-    out[..., :h] = x1 * c - x2 * s
-    out[..., h : 2 * h] = x2 * c + x1 * s
+    xc, xs = x * cos, x * sin
+    torch.sub(xc[..., :h], xs[..., h:], out=out[..., :h])
+    torch.add(xc[..., h:], xs[..., :h], out=out[..., h : 2 * h])
 
 
 class _ApplyRope(torch.autograd.Function):
