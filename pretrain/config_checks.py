@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,32 @@ def _check_train(cfg: Config) -> None:
     if t.eval_interval < 0 or t.eval_iters < 0:
         raise ConfigError(
             "train.eval_interval and train.eval_iters must be >= 0 (0 = no evaluation)"
+        )
+    check_compile(cfg)
+
+
+def check_compile(cfg: Config) -> None:
+    """`train.compile: true` runs the model through torch.compile (DeepSpeed's
+    engine.compile(), inductor backend). Refuse it here, before a process group exists, where
+    it could only fail minutes later inside the first step: a Python torch.compile does not
+    support, or a CPU-only machine without the C++ compiler inductor builds CPU kernels with."""
+    if not cfg.train.compile:
+        return
+    import shutil
+
+    import torch
+
+    if not torch._dynamo.is_dynamo_supported():
+        raise ConfigError(
+            f"train.compile=true: torch {torch.__version__} has no torch.compile on this Python; "
+            f"set train.compile=false"
+        )
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if not torch.cuda.is_available() and compiler is None:
+        raise ConfigError(
+            "train.compile=true on a machine without CUDA needs a C++ compiler (c++ or g++ on "
+            "PATH, or $CXX): torch.compile's inductor backend builds CPU kernels with it; "
+            "install one (e.g. apt-get install g++) or set train.compile=false"
         )
 
 

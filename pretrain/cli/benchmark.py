@@ -1,4 +1,4 @@
-"""Benchmarks: `python tools/benchmark.py AREA [options]`; AREA is model, data, train, optim, reads or eval.
+"""Benchmarks: `python tools/benchmark.py AREA [options]`; AREA is model, peers, data, train, optim, reads or eval.
 
 Each area lives in pretrain/benchmarks/AREA.py with `add_arguments(parser)` and `run(args)`.
 Speed is measured here, never in tests: ratios on CPU, absolute figures on a GPU.
@@ -11,6 +11,7 @@ from pretrain.cli.errors import ArgumentParser, user_errors
 
 AREAS = {
     "model": "forward+backward step time across rope_theta and rope fraction; GPU tokens/s, MFU",
+    "peers": "training step vs transformers' Llama and litgpt (same weights): fp32, bf16, MFU",
     "data": "tokenization throughput per worker; projected hours for 100B tokens",
     "train": "training tokens/s and MFU through the DeepSpeed engine",
     "optim": "optimizer step time and share of a step per optim.impl (DeepSpeed's, torch foreach, fused)",

@@ -17,7 +17,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # The weight meets x's dtype, not the other way round: under autocast (fp32 weights,
+        # bf16 activations, as QK-Norm's q and k are) `weight * x` would promote the whole
+        # activation back to fp32, and every later op would cast it down again. With weights
+        # already in x's dtype (fp32, or DeepSpeed's bf16) both casts are no-ops.
+        return xf.to(x.dtype) * self.weight.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
