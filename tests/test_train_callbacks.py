@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from train_support import metrics, prepare_stdlib, run_main, tiny_config, write_config
+from train_support import metrics, run_main, stdlib_data, tiny_config, write_config
 
 TESTS = Path(__file__).parent
 
@@ -17,8 +17,8 @@ def _events(path: Path) -> list[list]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path):
-    data = prepare_stdlib(tmp_path / "data")
+def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path, tmp_path_factory):
+    data = stdlib_data(tmp_path_factory)
     events = tmp_path / "events.jsonl"
     cfg = tiny_config(
         tmp_path / "run",
@@ -76,7 +76,9 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path):
         ({"class": "callback_probe.HookRecorder", "outt": "x"}, "does not accept ['outt']"),
     ],
 )
-def test_bad_callback_entry_is_one_line(tmp_path, capsys, monkeypatch, entry, message):
+def test_bad_callback_entry_is_one_line(
+    tmp_path, tmp_path_factory, capsys, monkeypatch, entry, message
+):
     from pretrain.main import main
 
     monkeypatch.syspath_prepend(str(TESTS))
@@ -85,7 +87,7 @@ def test_bad_callback_entry_is_one_line(tmp_path, capsys, monkeypatch, entry, me
         "environ",
         {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
     )
-    data = prepare_stdlib(tmp_path / "data")
+    data = stdlib_data(tmp_path_factory)
     cfg = tiny_config(tmp_path / "run", data)
     cfg["callbacks"] = [entry]
     code = main(["--config", str(write_config(tmp_path / "run.yaml", cfg))])
@@ -126,9 +128,9 @@ def wandb_history(path: Path) -> list[dict]:
     return rows
 
 
-def test_wandb_logs_the_runs_scalars_offline(tmp_path):
+def test_wandb_logs_the_runs_scalars_offline(tmp_path, tmp_path_factory):
     pytest.importorskip("wandb", reason="pip install wandb (the dev extras hold it)")
-    data = prepare_stdlib(tmp_path / "data")
+    data = stdlib_data(tmp_path_factory)
     cfg = tiny_config(tmp_path / "run", data, train={"train_iters": 4}, logging={"log_interval": 2})
     cfg["wandb"] = {"enabled": True, "project": "test", "mode": "offline"}
     r = run_main(

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from train_support import metrics, prepare_stdlib, run_main, tiny_config, write_config
+from train_support import metrics, run_main, stdlib_data, tiny_config, write_config
 
 from pretrain.config import Config, ConfigError, from_dict
 from pretrain.config_checks import check_config
@@ -29,7 +29,7 @@ def isolated_env(monkeypatch):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return prepare_stdlib(tmp_path_factory.mktemp("spike_data") / "data")
+    return stdlib_data(tmp_path_factory)
 
 
 class StateProbe(Callback):

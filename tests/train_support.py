@@ -139,6 +139,16 @@ def prepare_stdlib(out_dir: Path, max_bytes: int = 200_000) -> Path:
     return out_dir
 
 
+_stdlib: dict[str, Path] = {}
+
+
+def stdlib_data(tmp_path_factory) -> Path:
+    """The stdlib byte corpus, prepared once per pytest session (tests only read it)."""
+    if "data" not in _stdlib:
+        _stdlib["data"] = prepare_stdlib(tmp_path_factory.mktemp("stdlib") / "data")
+    return _stdlib["data"]
+
+
 _baseline: dict[str, Path] = {}
 
 
@@ -149,7 +159,7 @@ def baseline_run(tmp_path_factory) -> tuple[Path, Path]:
     """
     if not _baseline:
         root = tmp_path_factory.mktemp("train_baseline")
-        data = prepare_stdlib(root / "data")
+        data = stdlib_data(tmp_path_factory)
         run = root / "run"
         cfg = write_config(root / "run.yaml", tiny_config(run, data))
         r = run_main(cfg)
