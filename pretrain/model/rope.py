@@ -103,6 +103,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """
     if cos.shape[-1] == 0:
         return x
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        # Inference (evaluation, decoding): the plain expression, the same numbers. The
+        # Function pays off through what it saves for the backward; without one, evaluation
+        # and generation run exactly the code they ran before it.
+        return apply_rope_reference(x, cos, sin)
     return _ApplyRope.apply(x, cos, sin)
 
 
