@@ -45,7 +45,8 @@ def main(argv=None) -> int:
         "--plot",
         default=None,
         metavar="PNG",
-        help="also plot every run's training and validation loss, spikes marked, to this PNG",
+        help="also plot every run's training and validation loss to this PNG, with loss spikes, "
+        "skipped steps and rollbacks marked",
     )
     p.add_argument(
         "--csv",
