@@ -296,7 +296,8 @@ class SpikesConfig:
 
     # Detection: a robust z-score (median / MAD over the last `window` steps) of the loss and
     # of the grad norm; above `threshold` (loss) or `grad_norm_threshold` the step is flagged.
-    # NaN/Inf is always flagged. Grad norms are heavy-tailed: clean quickstart steps reach 8.
+    # NaN/Inf is always flagged. Grad norms are heavy-tailed: on clean quickstart data
+    # most outliers score 6-8, a few 10-15 (docs/training.md, "Loss spikes").
     window: int = 100
     threshold: float = 6.0
     grad_norm_threshold: float = 10.0

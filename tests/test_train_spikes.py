@@ -244,7 +244,7 @@ def test_data_windows_skip_overlapping_ranges():
     ],
 )
 def test_bad_spike_settings_name_the_field(tmp_path, data, spikes, message):
-    with pytest.raises(ConfigError, match=None) as e:
+    with pytest.raises(ConfigError) as e:
         check_config(_cfg(tmp_path, data, spikes=spikes), 1, check_data=False)
     assert message in str(e.value)
 
