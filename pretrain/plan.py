@@ -868,6 +868,10 @@ class Validation:
         return (self.predicted - self.measured) / self.measured
 
 
+# What docs/performance.md claims and tests/test_plan.py holds: measured +0.04% (training) and
+# +0.21% (evaluation, the batch's ids counted) on an AVX2 EPYC and an AVX-512-BF16 Xeon.
+VALIDATION_TOLERANCE = 0.005
+
 # Small enough for a CPU without bf16 matrix units (bf16 matmuls run at ~1 GFLOP/s there),
 # large enough that activations, the loss chunks and DeepSpeed's buffers all matter.
 VALIDATION_SHAPES: dict[str, dict[str, Any]] = {
@@ -989,6 +993,31 @@ def live_at(events: list[tuple[int, int, int, str]], when: int, top: int = 8) ->
 LAST_MEASUREMENT: dict[str, Any] = {}  # what measure_cpu_step saw last (for diagnosis)
 
 
+@contextlib.contextmanager
+def pinned_cpu_kernels() -> Iterator[None]:
+    """Within: bf16 matmuls take ATen's own GEMM on every x86 CPU, as on one without AVX-512.
+
+    On a CPU with AVX-512-BF16 (or AMX) torch sends bf16 matmuls to oneDNN
+    (`mkldnn_bf16_gemm`, enabled by `ideep::has_bf16_type_support()`), which allocates
+    scratch memory of its own inside `aten::mm` (460,544 B at the peak of the validation's
+    loss chunk on a Xeon with AVX-512-BF16, docs/performance.md) that the CPU plan does
+    not model: the plan models the kernels a GPU step replaces, not oneDNN's. With
+    `torch.backends.mkldnn` off, the validation measures the same kernel path on an AVX2
+    EPYC and on that Xeon (the effect of DNNL_MAX_CPU_ISA=AVX2, which oneDNN reads only
+    once per process)."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
+
+
+def cpu_kernel_path() -> str:
+    """The CPU's vector ISA as torch uses it, and whether bf16 matmuls would go to oneDNN."""
+    onednn = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (
+        f"{torch.backends.cpu.get_cpu_capability()}, bf16 matmuls "
+        f"{'oneDNN (pinned to ATen for the validation)' if onednn else 'ATen'}"
+    )
+
+
 def _profile_steps(cfg, engine_args, batches, steps, gas):
     import deepspeed
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -1062,7 +1091,8 @@ def measure_cpu_step(cfg: Config, steps: int = 2) -> tuple[int, int]:
     gc.freeze()
     gc.disable()
     try:
-        prof = _profile_steps(cfg, engine_args, batches, steps, gas)
+        with pinned_cpu_kernels():
+            prof = _profile_steps(cfg, engine_args, batches, steps, gas)
     finally:
         gc.enable()
         gc.unfreeze()
@@ -1396,10 +1426,11 @@ def _main_validate() -> int:
         "planner vs CPU allocator (real DeepSpeed steps on CPU: bf16, ZeRO-1, fp32 gradient "
         "accumulation, 2 of 4 blocks recomputed, micro batch 4 x 256):"
     )
+    print(f"  CPU kernels: {cpu_kernel_path()}")
     worst, bad = 0.0, []
     for v in validate():
         worst = max(worst, abs(v.error))
-        if abs(v.error) > 0.02:
+        if abs(v.error) > VALIDATION_TOLERANCE:
             bad.append(v)
         print(
             f"  {v.name:<32} {v.n_params / 1e6:4.2f}M params: planned "
@@ -1409,8 +1440,11 @@ def _main_validate() -> int:
     for v in bad:
         print(f"  {v.name}: the allocator's largest live allocations before the evaluation:")
         print("\n".join(f"    {line}" for line in v.live_at_eval))
-    ok = worst <= 0.02
-    print(f"{'OK' if ok else 'FAILED'}: largest error {100 * worst:.2f}% (target 2%)")
+    ok = worst <= VALIDATION_TOLERANCE
+    print(
+        f"{'OK' if ok else 'FAILED'}: largest error {100 * worst:.2f}% "
+        f"(target {100 * VALIDATION_TOLERANCE:g}%)"
+    )
     return 0 if ok else 1
 
 

@@ -463,6 +463,33 @@ def test_cli_export_check_and_import_round_trip(qknorm_run, tmp_path, capsys):
     assert load_tokenizer(tmp_path / "back" / "tokenizer").identifier == ByteTokenizer().identifier
 
 
+def test_cli_export_check_fails_when_generation_differs(qknorm_run, tmp_path, monkeypatch, capsys):
+    """A fault in the exported remote code that drops the KV cache (what transformers 5.24's
+    rename of `past_key_values` to `cache` did to the code of 5.23): the single forward still
+    matches, greedy decoding does not, and `--check` exits 1 naming both failures."""
+    import pretrain.hf.folder as folder
+    from pretrain.hf.cli import export_main
+
+    real, line = folder.export_hf, "return cache if cache is not None else past_key_values"
+
+    def export_without_cache(*args, **kwargs):
+        export = real(*args, **kwargs)
+        code = export.path / "modeling_rope_lm.py"
+        assert line in code.read_text()
+        code.write_text(code.read_text().replace(line, "return None"))
+        return export
+
+    monkeypatch.setattr(folder, "export_hf", export_without_cache)
+    run, _ = qknorm_run
+    assert export_main(["--run", str(run), "--out", str(tmp_path / "hf"), "--check"]) == 1
+    out, err = capsys.readouterr()
+    assert "greedy 16 tokens DIFFERENT" in out
+    err = err.strip().splitlines()[-1]  # after transformers' "Loading weights" bar
+    assert err.startswith("error: the export differs"), err
+    assert "greedy generation of 16 tokens" in err and "with the KV cache" in err
+    assert "in a full forward" not in err  # the full forward is still right
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

@@ -33,8 +33,9 @@ def check_parity(
     exported model's KV cache after a prefill of half the sequence; and whether greedy
     generation of `greedy_tokens` tokens after the first quarter gives the same tokens.
     Weights saved in bf16/fp16 are compared with our model's weights rounded the same way,
-    so only the conversion is measured. Returns the figures and "ok" (both maxima within
-    `tolerance`).
+    so only the conversion is measured. Returns the figures, "ok" (both maxima within
+    `tolerance` and the greedy tokens identical: a broken KV cache can leave the single-step
+    logits right and still decode other text) and "problems", what failed, in words.
     """
     import transformers
     from transformers import AutoModelForCausalLM
@@ -62,11 +63,14 @@ def check_parity(
     full = (a - b).abs().max().item()
 
     half = length // 2
+    # transformers 5.24 renamed the KV cache argument and output `past_key_values` -> `cache`
+    fields = transformers.modeling_outputs.CausalLMOutputWithPast.__dataclass_fields__
+    name = "cache" if "cache" in fields else "past_key_values"
     out = hf(x[:, :half], use_cache=True)
-    cache, steps = out.past_key_values, [out.logits]
+    cache, steps = getattr(out, name), [out.logits]
     for t in range(half, length):
-        out = hf(x[:, t : t + 1], past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = hf(x[:, t : t + 1], use_cache=True, **{name: cache})
+        cache = getattr(out, name)
         steps.append(out.logits)
     cached = (a - torch.cat(steps, dim=1).float()).abs().max().item()
 
@@ -80,15 +84,24 @@ def check_parity(
         eos_token_id=None,
         attention_mask=torch.ones_like(prompt),
     )  # no stop at eos, as ours
+    identical = torch.equal(mine, theirs)
+    problems = [
+        f"max |logit difference| {v:.3g} {what} is above the tolerance {tolerance:g}"
+        for v, what in ((full, "in a full forward"), (cached, "with the KV cache"))
+        if not v <= tolerance  # NaN fails too
+    ]
+    if not identical:
+        problems.append(f"greedy generation of {n} tokens gives different tokens")
     return {
         "max_logit_diff": full,
         "max_cached_diff": cached,
         "tolerance": tolerance,
-        "ok": full <= tolerance and cached <= tolerance,
+        "ok": not problems,
+        "problems": problems,
         "sequences": sequences,
         "length": length,
         "greedy_tokens": n,
-        "greedy_identical": torch.equal(mine, theirs),
+        "greedy_identical": identical,
         "device": str(device),
         "transformers": transformers.__version__,
         "class": type(hf).__name__,

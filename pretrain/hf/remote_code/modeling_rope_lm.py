@@ -19,6 +19,10 @@ RMSNorm normalizes in fp32 and casts back before the weight, as Llama does.
 The vocabulary is padded (vocab_size is the embedding's row count); generation_config.json
 suppresses the padded ids. Keys and values are cached after RoPE through transformers'
 Cache classes (DynamicCache by default), so `generate()` works as for any causal LM.
+
+The cache is read under both of its names: `past_key_values` (transformers 5.0 to 5.23) and
+`cache` (5.24 and later, which hand it to the model under that name), and returned in the
+output field the installed version declares, so one exported folder works in every 5.x.
 """
 
 import torch
@@ -30,6 +34,18 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_rope_lm import RopeLMConfig
+
+# The output field that holds the cache: `cache` from transformers 5.24, `past_key_values` before.
+CACHE_FIELD = (
+    "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+)
+
+
+def pick_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The KV cache, whichever name the caller used (generate() uses `cache` from 5.24)."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("pass the KV cache once, as `cache` or as `past_key_values`")
+    return cache if cache is not None else past_key_values
 
 
 class RMSNorm(nn.Module):
@@ -203,7 +219,7 @@ class RopeLMPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["RopeLMBlock"]
     supports_gradient_checkpointing = True
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
     _supports_sdpa = True
 
 
@@ -235,8 +251,10 @@ class RopeLMModel(RopeLMPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
+        past_key_values = pick_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -262,9 +280,9 @@ class RopeLMModel(RopeLMPreTrainedModel):
         x = self.drop(x)
         cos, sin = rotary_cos_sin(position_ids, self.config.rotary_dims, self.config.rope_theta)
         for layer in self.layers:
-            x = layer(x, cos, sin, attention_mask, past_key_values=past_key_values)
+            x = layer(x, cos, sin, attention_mask, past_key_values)
         return BaseModelOutputWithPast(
-            last_hidden_state=self.norm(x), past_key_values=past_key_values
+            last_hidden_state=self.norm(x), **{CACHE_FIELD: past_key_values}
         )
 
 
@@ -299,12 +317,18 @@ class RopeLMForCausalLM(RopeLMPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
+        cache: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Logits (B, T, vocab_size); with labels (= input_ids, shifted inside, -100 ignored)
         also the mean cross-entropy in fp32."""
         out = self.model(
-            input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache
+            input_ids,
+            attention_mask,
+            position_ids,
+            pick_cache(cache, past_key_values),
+            inputs_embeds,
+            use_cache,
         )
         h = out.last_hidden_state
         logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
@@ -315,7 +339,9 @@ class RopeLMForCausalLM(RopeLMPreTrainedModel, GenerationMixin):
                 labels[:, 1:].reshape(-1).to(logits.device),
                 ignore_index=-100,
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, **{CACHE_FIELD: getattr(out, CACHE_FIELD)}
+        )
 
 
 __all__ = ["RopeLMForCausalLM", "RopeLMModel", "RopeLMPreTrainedModel"]
