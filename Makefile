@@ -2,23 +2,32 @@
 # environment first; nothing else is needed on a fresh machine.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+TORCH  := torch==2.13.0
+LOCK   := requirements/lock.txt
+BENCH  := requirements/bench.txt
 # A machine that already has torch (the GPU nodes) keeps it: the venv sees system packages.
 HAS_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
+# `make lock`: uv resolves against the CPU torch wheel found here (requirements/torch.txt).
+TORCH_WHEELS ?= /opt/wheels
+UV_VERSION   := 0.13.9
 
-.PHONY: venv quickstart test lint clean
+.PHONY: venv quickstart test test-latest test-exports lock lint clean
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# Exactly the lock's versions (docs/reproducibility.md); a changed lock rebuilds from scratch.
+$(VENV)/.installed: pyproject.toml $(LOCK) $(BENCH)
+	rm -rf $(VENV)
 ifeq ($(HAS_TORCH),yes)
 	python3 -m venv --system-site-packages $(VENV)
 else
 	python3 -m venv $(VENV)
 	# CPU wheel first, so that no dependency can pull a CUDA build of torch.
-	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q "$(TORCH)"
 endif
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -r $(BENCH)
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 quickstart: venv
@@ -27,9 +36,29 @@ quickstart: venv
 test: venv
 	$(PY) -m pytest -q
 
+# The dependency-sensitive tests against the newest versions pyproject.toml's ranges allow
+# (a fresh .venv-latest); a failure lists the packages that moved from the lock.
+test-latest:
+	python3 requirements/envs.py test-latest
+
+# The export tests' transformers child in small environments (torch, transformers,
+# safetensors) at both ends of the transformers range.
+test-exports: venv
+	python3 requirements/envs.py test-exports
+
+# Regenerate the lock: the newest versions the ranges allow today, resolved by uv.
+lock:
+	python3 -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q "uv==$(UV_VERSION)"
+	.venv-lock/bin/uv pip compile pyproject.toml --extra dev --upgrade \
+		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+		--find-links $(TORCH_WHEELS) --override requirements/torch.txt \
+		--no-emit-package torch --no-emit-find-links --custom-compile-command "make lock" \
+		-o $(LOCK)
+
 lint: venv
-	$(VENV)/bin/ruff check pretrain tools tests
-	$(VENV)/bin/ruff format --check pretrain tools tests
+	$(VENV)/bin/ruff check pretrain tools tests requirements
+	$(VENV)/bin/ruff format --check pretrain tools tests requirements
 
 clean:
-	rm -rf $(VENV) runs/quickstart
+	rm -rf $(VENV) .venv-latest .venv-hf-oldest .venv-hf-newest .venv-lock runs/quickstart

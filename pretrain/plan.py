@@ -1005,8 +1005,12 @@ def pinned_cpu_kernels() -> Iterator[None]:
     `torch.backends.mkldnn` off, the validation measures the same kernel path on an AVX2
     EPYC and on that Xeon (the effect of DNNL_MAX_CPU_ISA=AVX2, which oneDNN reads only
     once per process)."""
-    with torch.backends.mkldnn.flags(enabled=False):
+    before = torch.backends.mkldnn.enabled  # (mkldnn.flags() also warns about Intel GPUs' TF32)
+    torch.backends.mkldnn.enabled = False
+    try:
         yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def cpu_kernel_path() -> str:

@@ -175,6 +175,7 @@ __all__ = [
     "STATE_FILE",
     "TENSORBOARD_DIR",
     "TMP_SUFFIX",
+    "UNVERIFIED",
     "RunLayout",
     "atomic_write",
     "check_file",
@@ -182,6 +183,7 @@ __all__ = [
     "crc32_file",
     "file_record",
     "fsync_dir",
+    "is_unverified",
     "metrics_by_step",
     "read_metrics",
     "step_tag",
@@ -230,13 +232,19 @@ def check_file(folder: Path, rel: str, want: dict, checksum: bool = True) -> str
     return None
 
 
+# Why a checkpoint is unverified; the warnings of resume, evaluation, export and
+# tools/check_checkpoint.py all say it in these words.
+UNVERIFIED = "its files cannot be verified (written before markers recorded files)"
+
+
 def verify_checkpoint(
     folder: Path, checksum: bool = True, files: list[str] | None = None
 ) -> list[str]:
-    """What is wrong with a checkpoint folder ([] when intact): its marker must parse, and each
-    file it records must have the recorded size (and CRC-32, with `checksum`). `files`
-    restricts the check to those of them the marker records (a rank's share, or the weights).
-    A checkpoint written before markers recorded files passes on its marker alone."""
+    """What is wrong with a checkpoint folder ([] when nothing is found wrong): its marker must
+    parse, and each file it records must have the recorded size (and CRC-32, with `checksum`).
+    `files` restricts the check to those of them the marker records (a rank's share, or the
+    weights). A marker without a file list (written before markers recorded files) leaves
+    nothing to check, so [] does not prove it intact: `is_unverified` tells the two apart."""
     try:
         state = json.loads((Path(folder) / STATE_FILE).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -246,6 +254,17 @@ def verify_checkpoint(
         return []
     names = sorted(recorded) if files is None else [f for f in files if f in recorded]
     return [p for rel in names if (p := check_file(folder, rel, recorded[rel], checksum))]
+
+
+def is_unverified(folder: Path) -> bool:
+    """True when the checkpoint's marker parses but records no file list: usable (nothing is
+    known to be wrong) but not verifiable, which callers warn about (UNVERIFIED). An
+    unreadable marker is damage, found by verify_checkpoint, so False here."""
+    try:
+        state = json.loads((Path(folder) / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(state, dict) and state.get("files") is None
 
 
 def checkpoint_files(folder: Path) -> list[str]:

@@ -17,14 +17,25 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing(msg: str) -> None:
+    """A prerequisite is missing: fail under CI=true (CI skips nothing silently), else skip."""
+    if in_ci():
+        pytest.fail(f"{msg} (CI=true: a missing prerequisite fails)")
+    pytest.skip(msg)
+
+
 def shared_path(*parts: str) -> Path:
     """Path under ../shared/data; fails under CI=true, skips elsewhere, when missing."""
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
-        msg = f"shared test data missing: {path} (set PRETRAIN_SHARED_DATA or put ../shared beside the repo)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        missing(
+            f"shared test data missing: {path} "
+            "(set PRETRAIN_SHARED_DATA or put ../shared beside the repo)"
+        )
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import missing
 
 from pretrain.benchmarks.peer_models import (
     litgpt_available,
@@ -15,19 +16,13 @@ from pretrain.benchmarks.peer_models import (
 )
 from pretrain.model import Transformer
 
-PEERS = [
-    transformers_llama,
-    pytest.param(
-        litgpt_gpt,
-        marks=pytest.mark.skipif(
-            not litgpt_available(), reason="litgpt not installed (pip install -e .[bench])"
-        ),
-    ),
-]
+PEERS = [transformers_llama, litgpt_gpt]
 
 
 @pytest.mark.parametrize("make_peer", PEERS)
 def test_peer_has_our_loss_and_gradients(make_peer):
+    if make_peer is litgpt_gpt and not litgpt_available():
+        missing("litgpt not installed (make venv installs requirements/bench.txt)")
     torch.manual_seed(0)
     cfg = llama_config(d_model=64, layers=2, heads=4, kv_heads=2, d_ff=96, vocab=128, seq_len=32)
     model = Transformer(cfg).train()

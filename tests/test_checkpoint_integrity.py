@@ -13,7 +13,7 @@ import sys
 import pytest
 from train_support import REPO, baseline_run, metrics, run_main, tiny_config, write_config
 
-from pretrain.run_layout import STATE_FILE, crc32_file
+from pretrain.run_layout import STATE_FILE, crc32_file, is_unverified
 from pretrain.train.checkpoint import (
     FAULT_POINTS,
     complete_tags,
@@ -160,6 +160,101 @@ def test_evaluation_refuses_damaged_weights_with_one_line(tmp_path_factory, tmp_
     assert out.returncode != 0
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and "model.safetensors does not match its checksum" in err[0], out.stderr
+
+
+def _drop_file_list(folder):
+    """The marker as code from before markers recorded files wrote it: no "files" key."""
+    path = folder / STATE_FILE
+    state = json.loads(path.read_text())
+    del state["files"]
+    path.write_text(json.dumps(state))
+
+
+UNVERIFIED_WORDS = "its files cannot be verified (written before markers recorded files)"
+
+
+def test_marker_without_file_list_is_unverified_and_still_resumed(
+    tmp_path_factory, tmp_path, capsys
+):
+    """Step 8's marker lost its file list: not intact, not damaged, but unverified. A resume
+    takes it (the newest not damaged) with one warning naming it; the offline check says
+    "unverified" and exits 0, as nothing is known to be wrong with it."""
+    _, base = baseline_run(tmp_path_factory)
+    run = tmp_path / "run"
+    cfg = _copy_run(base, run)
+    ckpts = run / "checkpoints"
+    _drop_file_list(ckpts / "step_0000008")
+    assert is_unverified(ckpts / "step_0000008") and not is_unverified(ckpts / "step_0000006")
+    assert verify_checkpoint(ckpts / "step_0000008") == []  # nothing found wrong...
+    assert find_resume_tag(ckpts) == "step_0000008"  # ...so it is used, with one warning
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"warning: using checkpoint {ckpts / 'step_0000008'}; {UNVERIFIED_WORDS}"]
+    assert find_resume_tag(ckpts, "none") == "step_0000008"  # verify: none asks for no warning
+    assert capsys.readouterr().out == ""
+
+    check = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "check_checkpoint.py"), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.splitlines() == [
+        "step_0000006  intact",
+        f"step_0000008  unverified: {UNVERIFIED_WORDS}",
+        "a resume takes: step_0000008 (unverified)",
+    ]
+
+    r = run_main(cfg)  # the trainer's own resume: the same one line, then step 8's state
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    warned = [line for line in r.stdout.splitlines() if "cannot be verified" in line]
+    assert len(warned) == 1 and "step_0000008" in warned[0], r.stdout[-3000:]
+    assert "(step 8," in r.stdout
+
+
+def test_unverified_checkpoint_behind_a_damaged_one(tmp_path_factory, tmp_path, capsys):
+    """Step 8 damaged, step 6 unverified: the fallback takes step 6 and says both; an
+    unverified checkpoint never hides damage in a newer one."""
+    _, base = baseline_run(tmp_path_factory)
+    ckpts = tmp_path / "run" / "checkpoints"
+    _copy_run(base, tmp_path / "run")
+    what = _truncate(ckpts / "step_0000008")
+    _drop_file_list(ckpts / "step_0000006")
+    assert find_resume_tag(ckpts) == "step_0000006"
+    damaged, using = capsys.readouterr().out.splitlines()
+    assert "step_0000008 is damaged" in damaged and what in damaged
+    assert using == (
+        f"warning: using checkpoint {ckpts / 'step_0000006'}, the newest not damaged; "
+        f"{UNVERIFIED_WORDS}"
+    )
+    check = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "check_checkpoint.py"), str(ckpts)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 1, check.stdout + check.stderr  # the damage decides the code
+    assert "step_0000006  unverified" in check.stdout and "step_0000008  DAMAGED" in check.stdout
+    assert "a resume takes: step_0000006 (unverified)" in check.stdout
+
+
+def test_evaluation_and_export_warn_on_unverified_weights(tmp_path_factory, tmp_path, caplog):
+    """load_weights, which evaluation and export read checkpoints through, loads an
+    unverified checkpoint's weights with one warning naming it, and a verified one silently."""
+    import logging
+
+    from pretrain.model.weights import load_weights
+
+    _, base = baseline_run(tmp_path_factory)
+    ckpts = tmp_path / "run" / "checkpoints"
+    _copy_run(base, tmp_path / "run")
+    _drop_file_list(ckpts / "step_0000008")
+    with caplog.at_level(logging.WARNING):
+        load_weights(ckpts / "step_0000006")
+        assert caplog.records == []
+        load_weights(ckpts / "step_0000008")
+    (record,) = caplog.records
+    assert record.getMessage() == (f"using checkpoint {ckpts / 'step_0000008'}; {UNVERIFIED_WORDS}")
 
 
 def _short_config(tmp_path, data, name):

@@ -13,7 +13,7 @@ import pytest
 from conftest import shared_path
 
 from pretrain.data.megatron_compat import import_quietly
-from pretrain.data.prepare import MANIFEST, PrepareError, in_valid, prepare, read_manifest
+from pretrain.data.prepare import PrepareError, in_valid, prepare, read_manifest
 from pretrain.data.recipes import prepare_enwik8, prepare_tinyshakespeare
 from pretrain.data.sources import SourceError
 from pretrain.data.tokenizer import load_tokenizer
@@ -527,10 +527,34 @@ def _cli_with_stderr(argv: list[str], stderr_path: str) -> None:
     os._exit(code)
 
 
+def _cli_paused_after_shards(argv: list[str], stderr_path: str, paused_path: str) -> None:
+    """tools/prepare_data.py's main, held still once 2 train shards are recorded: it touches
+    `paused_path` and sleeps until a signal stops it. A fork of the test process runs this, so
+    the patch lives and dies with it; the signal is the only way the run can go on or end."""
+    import time
+
+    from pretrain.data import prepare as prep
+
+    close_shard = prep._SplitWriter.close_shard
+
+    def close_and_hold(self, end_unit: int) -> None:
+        close_shard(self, end_unit)  # the shard and the manifest naming it are on disk now
+        if self.dir.name == "train" and len(self.manifest["shards"]) >= 2:
+            Path(paused_path).touch()
+            while True:  # stop_on_signals' handler raises out of this sleep
+                time.sleep(3600)
+
+    prep._SplitWriter.close_shard = close_and_hold
+    _cli_with_stderr(argv, stderr_path)
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_signal_stops_cleanly_with_one_line(tmp_path, sig):
     """A real signal to tools/prepare_data.py's main process in the middle of a 2-worker run:
-    exit 128+signal, one line naming the shards kept, no traceback from it or its workers."""
+    exit 128+signal, one line naming the shards kept, no traceback from it or its workers.
+
+    The run holds still after its 2nd shard until the signal comes (_cli_paused_after_shards),
+    so the signal lands mid-run however fast or slow this machine is."""
     import signal
     import time
 
@@ -538,8 +562,8 @@ def test_signal_stops_cleanly_with_one_line(tmp_path, sig):
         shared_path("webtext", "fineweb_10BT_legal-prefiltered_500docs.jsonl.gz").read_bytes()
     )
     big = tmp_path / "big.jsonl"
-    big.write_bytes(one * 4)  # about 3M tokens: far more than the run gets to
-    out, err_path = tmp_path / "out", tmp_path / "stderr.txt"
+    big.write_bytes(one)  # about 750k tokens: many more shards than the 2 the run stops after
+    out, err_path, paused = tmp_path / "out", tmp_path / "stderr.txt", tmp_path / "paused"
     argv = [
         "--input",
         str(big),
@@ -555,18 +579,20 @@ def test_signal_stops_cleanly_with_one_line(tmp_path, sig):
         "20000",
     ]
     import_quietly("megatron.core.datasets.indexed_dataset")  # once, before the fork
-    proc = mp.get_context("fork").Process(target=_cli_with_stderr, args=(argv, str(err_path)))
+    proc = mp.get_context("fork").Process(
+        target=_cli_paused_after_shards, args=(argv, str(err_path), str(paused))
+    )
     proc.start()
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:  # until the first shards are finished
-            if (out / "train" / MANIFEST).is_file() and len(
-                read_manifest(out / "train")["shards"]
-            ) >= 2:
-                break
+        deadline = time.time() + 300  # a generous bound for a slow machine, not a race
+        while not paused.exists():
+            if not proc.is_alive():
+                pytest.fail(
+                    f"exited ({proc.exitcode}) before its 2nd shard: {err_path.read_text()}"
+                )
+            if time.time() > deadline:
+                pytest.fail("no 2nd shard within 300 s")
             time.sleep(0.02)
-        else:
-            pytest.fail("no shard written within 60 s")
         os.kill(proc.pid, getattr(signal, sig))
         proc.join(60)
     finally:
@@ -576,7 +602,7 @@ def test_signal_stops_cleanly_with_one_line(tmp_path, sig):
     err = err_path.read_text()
     assert "Traceback" not in err and "Error" not in err, err
     kept = len(read_manifest(out / "train")["shards"])
-    assert not read_manifest(out / "train")["complete"] and kept >= 2
+    assert not read_manifest(out / "train")["complete"] and kept == 2  # where it was held
     assert err.strip().splitlines()[-1] == (
         f"interrupted by {sig}; {kept} shards complete; rerun the same command to resume"
     )

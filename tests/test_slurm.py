@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import missing
 from train_support import LAUNCH_VARS, prepare_stdlib, run_main, tiny_config, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,14 +39,11 @@ from pretrain.sweep import Run, Slurm, paper_runs, render_job_script  # noqa: E4
 
 pytestmark = pytest.mark.slurm
 HARNESS = REPO / "tools" / "slurm_local.sh"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ITERS = 40  # long enough to signal mid-run, short enough for CI
 
 
 def unavailable(reason: str):
-    if IN_CI:
-        pytest.fail(reason)
-    pytest.skip(reason)
+    missing(reason)
 
 
 def free_port_block(width: int = 20) -> int:

@@ -4,8 +4,13 @@ checkpoint's marker recorded, as a resume does before it loads one.
     python tools/check_checkpoint.py runs/llama1b_rope10            # every checkpoint
     python tools/check_checkpoint.py runs/llama1b_rope10 --size-only
 
-Prints one line per checkpoint (intact, or what is damaged) and which one a resume would
-take. Exit code 0 when every checkpoint is intact, 1 when one is damaged, 2 for a bad path.
+Prints one line per checkpoint (intact, unverified, or what is damaged) and which one a
+resume would take. Unverified: its marker records no file list (written before markers
+recorded files), so there is nothing to check its files against; a resume still takes it,
+with a warning. Exit code 0 when no checkpoint is damaged (intact or unverified), 1 when one
+is damaged, 2 for a bad path. Unverified is not a failure: nothing is known to be wrong with
+it and a resume uses it, while exit 1 would fail every script checking a run saved by older
+code, with nothing to repair.
 """
 
 from __future__ import annotations
@@ -15,7 +20,13 @@ import sys
 from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.run_layout import CHECKPOINTS_DIR, DELETING_SUFFIX, TMP_SUFFIX
+from pretrain.run_layout import (
+    CHECKPOINTS_DIR,
+    DELETING_SUFFIX,
+    TMP_SUFFIX,
+    UNVERIFIED,
+    is_unverified,
+)
 
 
 @user_errors
@@ -43,10 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     if not tags:
         print(f"no complete checkpoint in {ckpts}")
     damaged = 0
+    unverified = set()
     for tag in tags:
         problems = verify_checkpoint(ckpts / tag, checksum=not args.size_only)
         damaged += bool(problems)
-        print(f"{tag}  " + ("intact" if not problems else "DAMAGED: " + "; ".join(problems)))
+        if problems:
+            print(f"{tag}  DAMAGED: " + "; ".join(problems))
+        elif is_unverified(ckpts / tag):
+            unverified.add(tag)
+            print(f"{tag}  unverified: {UNVERIFIED}")
+        else:
+            print(f"{tag}  intact")
     for p in sorted(ckpts.iterdir()):
         if p.is_dir() and p.name.endswith((TMP_SUFFIX, DELETING_SUFFIX)):
             print(
@@ -64,5 +82,6 @@ def main(argv: list[str] | None = None) -> int:
                 tag = find_resume_tag(ckpts, "size" if args.size_only else "checksum")
             except ConfigError:
                 tag = None
-        print(f"a resume takes: {tag or 'none (no intact checkpoint)'}")
+        note = " (unverified)" if tag in unverified else ""
+        print(f"a resume takes: {tag or 'none (no intact checkpoint)'}{note}")
     return 1 if damaged else 0

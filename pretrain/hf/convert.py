@@ -173,7 +173,8 @@ def hf_config(
     if target == "gpt_neox":
         from transformers import GPTNeoXConfig
 
-        return GPTNeoXConfig(
+        factor = _rotary_factor(cfg.rope_dims, cfg.head_dim)
+        config = GPTNeoXConfig(
             **common,
             hidden_act="gelu",
             layer_norm_eps=cfg.norm_eps,
@@ -184,9 +185,14 @@ def hf_config(
             rope_parameters={
                 "rope_type": "default",
                 "rope_theta": float(cfg.rope_theta),
-                "partial_rotary_factor": _rotary_factor(cfg.rope_dims, cfg.head_dim),
+                "partial_rotary_factor": factor,
             },
         )
+        # transformers 5.0 reads the factor from the legacy `rotary_pct` (default 0.25) and
+        # overwrites rope_parameters' with it; later 5.x prefer rope_parameters. Written in
+        # config.json too, one folder loads right in every 5.x (tests/test_hf_export.py).
+        config.rotary_pct = factor
+        return config
     from pretrain.hf.remote_code.configuration_rope_lm import RopeLMConfig
 
     config = RopeLMConfig(

@@ -11,6 +11,7 @@ Files are written to a temporary name and renamed, so a crash never leaves half 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,14 @@ from pretrain.run_layout import (
     CONFIG_FILE,
     LATEST_FILE,
     STATE_FILE,
+    UNVERIFIED,
     atomic_write,
+    is_unverified,
     step_tag,
     verify_checkpoint,
 )
+
+log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -88,6 +93,8 @@ def load_weights(
             f"{directory} is damaged: {problem}; use an earlier checkpoint "
             f"(python tools/check_checkpoint.py RUN lists the intact ones)"
         )
+    if marker and is_unverified(directory):
+        log.warning("using checkpoint %s; %s", directory, UNVERIFIED)
     config = read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():

@@ -18,8 +18,9 @@ nothing that looks complete. Leftovers (`*.tmp`, `*.deleting`) are cleaned at st
 How a damaged file cannot stop a run: resuming verifies the newest complete checkpoint
 against its marker (sizes, and CRC-32 unless checkpoint.verify says "size"), the ranks
 sharing the files between them; a damaged one gets one warning naming what is wrong, and
-the previous complete checkpoint is tried, down to the oldest. `tools/check_checkpoint.py`
-runs the same check offline.
+the previous complete checkpoint is tried, down to the oldest. A checkpoint whose marker
+records no files (written before markers did) cannot be checked: it is used, with one warning.
+`tools/check_checkpoint.py` runs the same check offline.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ from pretrain.run_layout import (
     RNG_DIR,
     STATE_FILE,
     TMP_SUFFIX,
+    UNVERIFIED,
     atomic_write,
     checkpoint_files,
     file_record,
     fsync_dir,
+    is_unverified,
     step_tag,
     tag_step,
     verify_checkpoint,
@@ -129,13 +132,17 @@ def find_resume_tag(
     world_size: int = 1,
     before: int | None = None,
 ) -> str | None:
-    """The newest checkpoint that passes verification (`latest` first when complete), of a
+    """The newest checkpoint that is not found damaged (`latest` first when complete), of a
     step below `before` when given (a rollback's target).
 
     verify: "checksum", "size" or "none". Every rank calls it with the process group up (or
     one process without): the ranks share the files to check and agree on the result.
     A damaged checkpoint is skipped with one warning; when checkpoints exist but none is
-    intact, CheckpointError says so.
+    intact, CheckpointError says so. An unverified one (a marker without a file list: see
+    run_layout.is_unverified) is taken, with one warning, when it is the newest not damaged;
+    a newer verified one is taken before it. Passing it over for an older verified one would
+    throw training away, and hardly happens: file lists came with newer code, so in a run
+    that holds both, the verified checkpoints are the newer ones.
     """
     tags = complete_tags(ckpt_dir)
     if before is not None:
@@ -147,6 +154,7 @@ def find_resume_tag(
     damaged = []
     for tag in reversed(tags):
         folder = ckpt_dir / tag
+        unverified = False
         if verify == "none":
             problems = []
         else:
@@ -158,8 +166,12 @@ def find_resume_tag(
             problems = _gather(verify_checkpoint(folder, verify == "checksum", share))
             if recorded is None:
                 problems = problems[:1]
+            unverified = not problems and is_unverified(folder)  # the same marker on every rank
         if not problems:
-            if damaged and rank == 0:
+            if rank == 0 and unverified:
+                newest = ", the newest not damaged" if damaged else ""
+                print(f"warning: using checkpoint {folder}{newest}; {UNVERIFIED}", flush=True)
+            elif rank == 0 and damaged:
                 print(f"warning: resuming from {tag}, the newest intact checkpoint", flush=True)
             return tag
         damaged.append(tag)
