@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements" / "lock.txt"
+BENCH = ROOT / "requirements" / "bench.txt"
 TORCH = "torch==2.13.0"  # the CPU wheel on a CPU machine (requirements/torch.txt)
 
 # The tests whose outcome depends on a dependency's version (README: "make test-latest"):
@@ -85,7 +86,8 @@ def versions(venv: Path) -> dict[str, str]:
 
 
 def locked() -> dict[str, str]:
-    lines = LOCK.read_text().splitlines()
+    """The exact versions `make venv` installs: the lock and requirements/bench.txt."""
+    lines = LOCK.read_text().splitlines() + BENCH.read_text().splitlines()
     return dict(_pin(line) for line in lines if "==" in line and not line.startswith("#"))
 
 
@@ -110,7 +112,7 @@ def test_latest(venv: Path, timeout: int) -> int:
     start = time.time()
     fresh_venv(venv)
     pip(venv, "-e", f"{ROOT}[dev]")  # the newest versions pyproject's ranges allow
-    pip(venv, "--no-deps", "-r", str(ROOT / "requirements" / "bench.txt"))
+    pip(venv, "--no-deps", "-r", str(BENCH))
     moved = diff(venv)
     print(f"{venv.name}: built in {time.time() - start:.0f} s; against the lock:")
     print("\n".join(f"  {line}" for line in moved) or "  the lock's versions exactly")
