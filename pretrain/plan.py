@@ -869,7 +869,8 @@ class Validation:
 
 
 # What docs/performance.md claims and tests/test_plan.py holds: measured +0.04% (training) and
-# +0.21% (evaluation, the batch's ids counted) on an AVX2 EPYC and an AVX-512-BF16 Xeon.
+# +0.21% (evaluation, the batch's ids counted) on an AVX2 EPYC; on an AVX-512-BF16 Xeon the
+# kernel path pinned_cpu_kernels selects (there set by DNNL_MAX_CPU_ISA=AVX2) gave +0.04%.
 VALIDATION_TOLERANCE = 0.005
 
 # Small enough for a CPU without bf16 matrix units (bf16 matmuls run at ~1 GFLOP/s there),

@@ -64,8 +64,8 @@ def check_parity(
 
     half = length // 2
     # transformers 5.24 renamed the KV cache argument and output `past_key_values` -> `cache`
-    fields = transformers.modeling_outputs.CausalLMOutputWithPast.__dataclass_fields__
-    name = "cache" if "cache" in fields else "past_key_values"
+    from pretrain.hf.remote_code.modeling_rope_lm import CACHE_FIELD as name
+
     out = hf(x[:, :half], use_cache=True)
     cache, steps = getattr(out, name), [out.logits]
     for t in range(half, length):
