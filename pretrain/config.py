@@ -17,9 +17,13 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from pretrain.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration value is wrong; the message names the key and the fix."""
+
+    label = "config error"
 
 
 # ----------------------------------------------------------------------------- model
@@ -243,7 +247,7 @@ class TrainConfig:
     eval_interval: int = 2000
     eval_iters: int = 10
     # Recompute blocks in the backward: false/'none', true/'full', N = the first N blocks, or
-    # 'auto' = the planner's least recompute that fits (pretrain/model/checkpointing.py).
+    # 'auto' = the planner's least recompute that fits (pretrain/model/recompute.py).
     activation_checkpointing: bool | int | Literal["none", "full", "auto"] = False
     compile: bool = False  # torch.compile the model
     # z-loss (PaLM): adds z_loss x mean(log Z)^2 to the loss (log Z: the log-sum-exp of a

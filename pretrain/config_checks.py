@@ -4,18 +4,16 @@
 own shape rules). What needs two fields, the world size or the filesystem is checked here,
 once, before a process group or a model exists: batch divisibility, the schedule, sequence
 lengths, precision and ZeRO, intervals, data paths, the tokenizer against the vocabulary,
-W&B and user callbacks. Every error is a `ConfigError` that names the field and the fix.
+and W&B. Every error is a `ConfigError` that names the field and the fix.
 The engine, the schedule and the data pipeline trust what passed here.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 from pretrain.config import Config, ConfigError
 
@@ -38,10 +36,11 @@ def grad_accum_steps(cfg: Config, world_size: int) -> int:
     return t.global_batch_size // per_step
 
 
-def check_config(cfg: Config, world_size: int, check_data: bool = True) -> int:
+def check_run(cfg: Config, world_size: int, check_data: bool = True) -> None:
     """All cross-field rules; `check_data=False` skips the data paths (in-memory data, or a
-    recipe that builds them later). Returns the gradient accumulation steps."""
-    gas = grad_accum_steps(cfg, world_size)
+    recipe that builds them later). The `callbacks:` entries are checked where they are built
+    (pretrain/train/callbacks/__init__.py), before the run starts too."""
+    grad_accum_steps(cfg, world_size)
     _check_train(cfg)
     _check_schedule(cfg)
     _check_logging(cfg)
@@ -51,9 +50,6 @@ def check_config(cfg: Config, world_size: int, check_data: bool = True) -> int:
         if cfg.data.recipe is None:  # a recipe builds data.train[0] at start
             check_data_paths(cfg)
     check_wandb(cfg)
-    for i, spec in enumerate(cfg.callbacks):
-        callback_class(spec, f"callbacks[{i}]")
-    return gas
 
 
 def _check_train(cfg: Config) -> None:
@@ -77,9 +73,9 @@ def _check_train(cfg: Config) -> None:
         raise ConfigError(f"optim.lr={cfg.optim.lr} must be > 0")
     if cfg.optim.grad_clip < 0:
         raise ConfigError(f"optim.grad_clip={cfg.optim.grad_clip} must be >= 0 (0 = no clipping)")
-    from pretrain.model.checkpointing import check_config as check_checkpointing
+    from pretrain.model.recompute import check_recompute
 
-    check_checkpointing(cfg)  # train.activation_checkpointing: none, full, N <= n_layers, auto
+    check_recompute(cfg)  # train.activation_checkpointing: none, full, N <= n_layers, auto
     if t.eval_interval < 0 or t.eval_iters < 0:
         raise ConfigError(
             "train.eval_interval and train.eval_iters must be >= 0 (0 = no evaluation)"
@@ -248,41 +244,9 @@ def check_wandb(cfg: Config) -> None:
         )
 
 
-def callback_class(spec: dict[str, Any], key: str = "callbacks[0]") -> type:
-    """The class a `callbacks:` entry names, after checking that it exists, is a Callback,
-    and accepts the entry's other keys as constructor arguments."""
-    from pretrain.train.callbacks import Callback
-
-    path = spec.get("class")
-    if not isinstance(path, str) or "." not in path:
-        raise ConfigError(
-            f"{key}.class={path!r} must name a class by its dotted path, "
-            f"e.g. {{class: mylab.callbacks.MyCallback}}"
-        )
-    module_name, _, name = path.replace(":", ".").rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(
-            f"{key}.class={path!r}: cannot import {module_name} ({e}); put it on PYTHONPATH "
-            f"or install its package"
-        ) from None
-    cls = getattr(module, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Callback)):
-        raise ConfigError(
-            f"{key}.class={path!r} is not a subclass of pretrain.train.callbacks.Callback"
-        )
-    kwargs = {k: v for k, v in spec.items() if k != "class"}
-    try:
-        inspect.signature(cls).bind(**kwargs)
-    except TypeError as e:
-        raise ConfigError(f"{key}: {path} does not accept {sorted(kwargs)} ({e})") from None
-    return cls
-
-
 __all__ = [
-    "callback_class",
-    "check_config",
+    "check_compile",
+    "check_run",
     "check_data_paths",
     "check_vocab",
     "check_wandb",

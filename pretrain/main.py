@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@user_errors(label="config error")
+@user_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:

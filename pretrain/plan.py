@@ -62,8 +62,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from pretrain.config import Config, ConfigError, ModelConfig, load_config
-from pretrain.model.checkpointing import KEY as CKPT_KEY
-from pretrain.model.checkpointing import checkpoint_layers, describe
+from pretrain.model.recompute import KEY as CKPT_KEY
+from pretrain.model.recompute import describe_recompute, recompute_layers
 from pretrain.run_layout import atomic_write
 
 GiB = 2**30
@@ -598,7 +598,7 @@ class Plan:
             "grad_accum": self.grad_accum,
             "seq_len": self.seq_len,
             "activation_checkpointing": self.layers,
-            "checkpointing": describe(self.layers, self.n_layers),
+            "checkpointing": describe_recompute(self.layers, self.n_layers),
             "optimizer": self.optimizer,
             "static_gib": self.static_bytes / GiB,
             "static": {k: v / GiB for k, v in self.static.items()},
@@ -675,7 +675,7 @@ def plan_run(
         )
     L = cfg.model.n_layers
     if layers is None:
-        layers = checkpoint_layers(t.activation_checkpointing, L)
+        layers = recompute_layers(t.activation_checkpointing, L)
         if layers is None:
             raise ConfigError(f"{CKPT_KEY}='auto': use choose() to pick the layers")
     seq = cfg.seq_len
@@ -825,7 +825,7 @@ def resolve_activation_checkpointing(cfg: Config, world_size: int, device: torch
     """The number of blocks to recompute for this run; "auto" plans it for this device
     (at the configured micro batch) and says so on rank 0."""
     L = cfg.model.n_layers
-    layers = checkpoint_layers(cfg.train.activation_checkpointing, L)
+    layers = recompute_layers(cfg.train.activation_checkpointing, L)
     if layers is not None:
         return layers
     if device.type == "cuda":
@@ -845,7 +845,7 @@ def resolve_activation_checkpointing(cfg: Config, world_size: int, device: torch
     rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     if rank0:
         print(
-            f"activation checkpointing auto: {describe(plan.layers, L)} "
+            f"activation checkpointing auto: {describe_recompute(plan.layers, L)} "
             f"(planned peak {plan.peak / GiB:.1f} GiB of {gpu.gib:.1f} GiB on {gpu.name})",
             flush=True,
         )
@@ -1061,7 +1061,7 @@ def _profile_steps(cfg, engine_args, batches, steps, gas):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
         model = Transformer(cfg.model)
-        model.gradient_checkpointing = checkpoint_layers(
+        model.gradient_checkpointing = recompute_layers(
             t.activation_checkpointing, cfg.model.n_layers
         )
         engine, *_ = deepspeed.initialize(
@@ -1307,7 +1307,7 @@ def format_plan(p: Plan, mfu: float, largest_mb: int | None = None) -> str:
         f"{p.name or 'run'}: {p.n_params / 1e9:.3g}B parameters, {p.world_size} x {p.gpu.name} "
         f"({p.gpu.gib:.1f} GiB), {p.optimizer}",
         f"  micro batch {p.micro_batch} x {p.grad_accum} accumulation x {p.world_size} GPUs, "
-        f"seq {p.seq_len}; activation checkpointing: {describe(p.layers, p.n_layers)}",
+        f"seq {p.seq_len}; activation checkpointing: {describe_recompute(p.layers, p.n_layers)}",
         "  memory per GPU (allocated by torch):",
     ]
     for k, v in p.static.items():
@@ -1412,7 +1412,7 @@ def _main_plan(args) -> int:
     gpu = parse_gpu(args.gpu, args.peak_tflops)
     reserve = None if args.reserve_gib is None else int(args.reserve_gib * GiB)
     name = Path(args.config).stem
-    auto = checkpoint_layers(cfg.train.activation_checkpointing, cfg.model.n_layers) is None
+    auto = recompute_layers(cfg.train.activation_checkpointing, cfg.model.n_layers) is None
     if auto:
         plan = choose(
             cfg,
@@ -1430,7 +1430,7 @@ def _main_plan(args) -> int:
             return 1
         plan.notes.append(
             f"auto picked micro batch {plan.micro_batch} x {plan.grad_accum} "
-            f"accumulation, recompute: {describe(plan.layers, plan.n_layers)}"
+            f"accumulation, recompute: {describe_recompute(plan.layers, plan.n_layers)}"
         )
     else:
         plan = plan_run(cfg, gpu, args.gpus, reserve=reserve, name=name)

@@ -571,7 +571,7 @@ def test_a_tool_as_a_program_gives_one_line_and_exit_2(tmp_path):
     r = _tool("model_info", "--preset", str(bad), PRETRAIN_DEBUG="")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}:2:1: not valid YAML: "), r.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"config error: {bad}:2:1: not valid YAML: "), r.stderr
     assert "Traceback" not in r.stderr and str(bad) in r.stderr
 
 

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 from pretrain.config import ConfigError, ModelConfig, TrainConfig, from_dict
 from pretrain.model import Transformer
-from pretrain.model.checkpointing import checkpoint_layers, describe
 from pretrain.model.loss import default_chunk_tokens, linear_cross_entropy
 from pretrain.model.probes import causal_max_abs_logit, max_attention_logits
+from pretrain.model.recompute import describe_recompute, recompute_layers
 from pretrain.model.rope import apply_rope
 
 
@@ -193,7 +193,7 @@ def test_blockwise_max_logit_with_cached_keys():
 
 
 def test_checkpoint_layers_values_and_errors():
-    assert [checkpoint_layers(v, 16) for v in (False, True, "none", "full", 0, 6, 16)] == [
+    assert [recompute_layers(v, 16) for v in (False, True, "none", "full", 0, 6, 16)] == [
         0,
         16,
         0,
@@ -202,7 +202,7 @@ def test_checkpoint_layers_values_and_errors():
         6,
         16,
     ]
-    assert checkpoint_layers("auto", 16) is None
+    assert recompute_layers("auto", 16) is None
     for bad, words in (
         (17, ["=17", "model.n_layers=16", "0..16"]),
         (-1, ["=-1"]),
@@ -210,12 +210,12 @@ def test_checkpoint_layers_values_and_errors():
         (2.5, ["2.5"]),
     ):
         with pytest.raises(ConfigError) as e:
-            checkpoint_layers(bad, 16)
+            recompute_layers(bad, 16)
         assert "train.activation_checkpointing" in str(e.value)
         for w in words:
             assert w in str(e.value)
-    assert describe(0, 16) == "none" and describe(16, 16).startswith("full")
-    assert describe(6, 16) == "6 of 16 layers"
+    assert describe_recompute(0, 16) == "none" and describe_recompute(16, 16).startswith("full")
+    assert describe_recompute(6, 16) == "6 of 16 layers"
 
 
 def test_config_accepts_checkpointing_choices():

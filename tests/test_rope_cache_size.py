@@ -165,12 +165,12 @@ def _small_cfg(**kw):
 
 
 def test_check_reports_a_wrong_formula_and_a_broken_cache():
-    from pretrain.analysis.rope_cache import check_config, check_model
+    from pretrain.analysis.rope_cache import check_cache_formula, check_model
     from pretrain.model.transformer import Transformer
 
     cfg = _small_cfg()
-    assert all(r.ok for r in check_config(cfg, "small"))
-    wrong = check_config(cfg, "small", formula=lambda T, r, e: 2 * T * r * 2)  # bf16 bytes
+    assert all(r.ok for r in check_cache_formula(cfg, "small"))
+    wrong = check_cache_formula(cfg, "small", formula=lambda T, r, e: 2 * T * r * 2)  # bf16 bytes
     assert not any(r.ok for r in wrong)
 
     model = Transformer(cfg)

@@ -59,14 +59,14 @@ def test_scheduler_drives_the_optimizer_step_by_step():
 def test_bad_schedule_names_the_key():
     """The schedule trusts the config check (pretrain/config_checks.py), which refuses these."""
     from pretrain.config import Config, TrainConfig
-    from pretrain.config_checks import check_config
+    from pretrain.config_checks import check_run
 
     def check(schedule: ScheduleConfig) -> None:
         cfg = Config(
             train=TrainConfig(train_iters=10, global_batch_size=4, micro_batch_size=4),
             schedule=schedule,
         )
-        check_config(cfg, world_size=1, check_data=False)
+        check_run(cfg, world_size=1, check_data=False)
 
     with pytest.raises(ConfigError, match="schedule.warmup_steps=50"):
         check(ScheduleConfig(warmup_steps=50, warmup_fraction=None))

@@ -12,7 +12,7 @@ import torch
 from train_support import metrics, run_main, stdlib_data, tiny_config, write_config
 
 from pretrain.config import Config, ConfigError, from_dict
-from pretrain.config_checks import check_config
+from pretrain.config_checks import check_run
 from pretrain.run_layout import step_tag
 from pretrain.train.callbacks import Callback, SpikeMonitor, build_callbacks
 from pretrain.train.schedule import lr_at
@@ -245,7 +245,7 @@ def test_data_windows_skip_overlapping_ranges():
 )
 def test_bad_spike_settings_name_the_field(tmp_path, data, spikes, message):
     with pytest.raises(ConfigError) as e:
-        check_config(_cfg(tmp_path, data, spikes=spikes), 1, check_data=False)
+        check_run(_cfg(tmp_path, data, spikes=spikes), 1, check_data=False)
     assert message in str(e.value)
 
 

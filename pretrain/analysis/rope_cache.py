@@ -339,7 +339,7 @@ def _small_variant(cfg: ModelConfig) -> ModelConfig:
     )
 
 
-def check_config(
+def check_cache_formula(
     cfg: ModelConfig, name: str, formula: Formula = rope_cache_bytes
 ) -> list[CheckResult]:
     """Four builds of `cfg`: the full model on meta (fp32 and cast to bf16) and a one-head
@@ -358,7 +358,7 @@ def check_config(
 def check_presets(
     presets: Sequence[str], fractions: Sequence[float], formula: Formula = rope_cache_bytes
 ) -> list[CheckResult]:
-    """check_config for each preset as written and at each fraction its head_dim allows."""
+    """check_cache_formula for each preset as written and at each fraction its head_dim allows."""
     from pretrain.analysis.presets import load_preset
 
     results = []
@@ -371,7 +371,7 @@ def check_presets(
             cfg = dataclasses.replace(base, rope_fraction=f, rotary_dims=None)
             variants.append((f"{preset} rope_fraction={f:g}", cfg))
         for name, cfg in variants:
-            results.extend(check_config(cfg, name, formula))
+            results.extend(check_cache_formula(cfg, name, formula))
     return results
 
 

@@ -40,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from pretrain.train.checkpoint import complete_tags, find_resume_tag, verify_checkpoint
+    from pretrain.train.checkpoint import (
+        CheckpointError,
+        complete_tags,
+        find_resume_tag,
+        verify_checkpoint,
+    )
 
     path = Path(args.run)
     ckpts = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
@@ -75,12 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         import contextlib
         import io
 
-        from pretrain.config import ConfigError
-
         with contextlib.redirect_stdout(io.StringIO()):
             try:
                 tag = find_resume_tag(ckpts, "size" if args.size_only else "checksum")
-            except ConfigError:
+            except CheckpointError:
                 tag = None
         note = " (unverified)" if tag in unverified else ""
         print(f"a resume takes: {tag or 'none (no intact checkpoint)'}{note}")

@@ -25,28 +25,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import yaml
+
 from pretrain.config import yaml_error_message
+from pretrain.errors import UserError
 
 DEBUG_ENV = "PRETRAIN_DEBUG"
 USER_ERROR = 2
-
-# The project's error types whose message already names the thing and the fix. Named, not
-# imported, so a program pays no import for the ones it does not use (an exception of a
-# type is raised only after its module was imported anyway).
-_USER_ERROR_TYPES = frozenset(
-    {
-        "pretrain.config.ConfigError",  # and DataError, CheckpointError, ContinuationTooLong
-        "pretrain.data.prepare.PrepareError",
-        "pretrain.data.sources.SourceError",
-        "pretrain.data.tokenizer.TokenizerError",
-        "pretrain.eval.suite.EvalError",
-        "pretrain.eval.tasks.convert.EvalDataError",
-        "pretrain.eval.compare.CompareError",
-        "pretrain.hf.convert.HFConversionError",
-        "pretrain.hf.tokenizer.TokenizerExportError",
-        "yaml.error.YAMLError",
-    }
-)
 
 # OSErrors that a path given by the user causes, with the fix to say.
 _PATH_FIXES: dict[type[OSError], str] = {
@@ -64,14 +49,13 @@ def debug() -> bool:
 
 
 def is_user_error(e: BaseException) -> bool:
-    if any(f"{c.__module__}.{c.__qualname__}" in _USER_ERROR_TYPES for c in type(e).__mro__):
-        return True
-    return isinstance(e, tuple(_PATH_FIXES))
+    """The project's UserErrors, YAML syntax errors and a path the user gave that is wrong."""
+    return isinstance(e, (UserError, yaml.YAMLError, *_PATH_FIXES))
 
 
 def message(e: BaseException) -> str:
     """The one line that names the thing and the fix."""
-    if f"{type(e).__module__}".startswith("yaml"):
+    if isinstance(e, yaml.YAMLError):
         text = yaml_error_message(e)
     elif (
         isinstance(e, OSError) and type(e) in _PATH_FIXES and e.filename is not None and e.strerror
@@ -82,40 +66,34 @@ def message(e: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def report(e: BaseException, label: str = "error") -> None:
+def report(e: BaseException) -> None:
     """Print the one line (rank 0 only: every rank of a run fails alike)."""
     if os.environ.get("RANK", "0") != "0":
         return
-    from pretrain.config import ConfigError
-
-    label = getattr(e, "label", None) or (label if isinstance(e, ConfigError) else "error")
+    label = e.label if isinstance(e, UserError) else "error"
     print(f"{label}: {message(e)}", file=sys.stderr, flush=True)
 
 
-def user_errors(main: Callable[..., int | None] | None = None, *, label: str = "error") -> Any:
+def user_errors(fn: Callable[..., int | None]) -> Callable[..., int]:
     """Decorate a program's `main(argv=None) -> int`: a user error -> one line and exit 2.
 
-    `label` prefixes the line of a ConfigError (`error`, or `config error` for the trainer);
-    an error type's own `label` attribute wins (CheckpointError: `checkpoint error`); every
-    other user error says `error`."""
+    The line starts with the error type's label (`config error:`, `checkpoint error:`,
+    `data error:`; `error:` for the rest)."""
 
-    def wrap(fn: Callable[..., int | None]) -> Callable[..., int]:
-        @functools.wraps(fn)
-        def run(argv: list[str] | None = None) -> int:
-            try:
-                return fn(argv) or 0
-            except BrokenPipeError:  # `tool | head` closed the pipe: the reader has what it wanted
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                return 0
-            except Exception as e:
-                if debug() or not is_user_error(e):
-                    raise
-                report(e, label)
-                return USER_ERROR
+    @functools.wraps(fn)
+    def run(argv: list[str] | None = None) -> int:
+        try:
+            return fn(argv) or 0
+        except BrokenPipeError:  # `tool | head` closed the pipe: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except Exception as e:
+            if debug() or not is_user_error(e):
+                raise
+            report(e)
+            return USER_ERROR
 
-        return run
-
-    return wrap(main) if main is not None else wrap
+    return run
 
 
 class ArgumentParser(argparse.ArgumentParser):

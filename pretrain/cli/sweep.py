@@ -34,7 +34,7 @@ from pretrain.sweep import (
 REPO = Path(__file__).resolve().parents[2]
 
 
-@user_errors(label="config error")
+@user_errors
 def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE"):  # `tools/sweep.py list | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)

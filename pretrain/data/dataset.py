@@ -43,6 +43,7 @@ from pretrain.config import ConfigError, DataConfig
 from pretrain.data.megatron_compat import import_quietly
 from pretrain.data.prepare import MANIFEST, PrepareError, read_manifest
 from pretrain.data.tokenizer import Tokenizer, load_tokenizer
+from pretrain.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,10 @@ _IDX_MAGIC = b"MMIDIDX\x00\x00"
 _IDX_HEADER = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence count, document count
 
 
-class DataError(ConfigError):
+class DataError(UserError, ValueError):
     """Training data is missing, incomplete or damaged; the message names the file and the fix."""
+
+    label = "data error"
 
 
 # ----------------------------------------------------------------------------- resolving entries

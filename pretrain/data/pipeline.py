@@ -98,7 +98,7 @@ def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     from pretrain.config_checks import check_data_paths
     from pretrain.data import dataset
 
-    if cfg.data.recipe is not None:  # check_config checked the paths of prepared data
+    if cfg.data.recipe is not None:  # check_run checked the paths of prepared data
         prepare_recipe_data(cfg, env)
         check_data_paths(cfg)
     t = cfg.train

@@ -56,6 +56,7 @@ from pretrain.data.sources import (
     read_unit,
 )
 from pretrain.data.tokenizer import Tokenizer, TokenizerError, load_tokenizer
+from pretrain.errors import UserError
 from pretrain.run_layout import atomic_write
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ SKIPPED_KEYS = ("no_text", "empty_text")
 _FAULT_ENV = "PRETRAIN_PREPARE_FAULT_AFTER_UNITS"
 
 
-class PrepareError(ValueError):
+class PrepareError(UserError, ValueError):
     """Preparation cannot proceed; the message names the file or flag and the fix."""
 
 
@@ -711,11 +712,6 @@ def prepare(
         overwrite=overwrite,
         progress=progress,
     )
-
-
-def friendly_errors() -> tuple[type[Exception], ...]:
-    """Errors that the CLIs print as one line instead of a traceback."""
-    return (PrepareError, SourceError, TokenizerError, FileNotFoundError)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pretrain.errors import UserError
 
-class SourceError(ValueError):
+
+class SourceError(UserError, ValueError):
     """Input data is missing or unreadable; the message names the file and the fix."""
 
 

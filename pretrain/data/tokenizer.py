@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.errors import UserError
 from pretrain.run_layout import atomic_write
 
 META_FILE = "tokenizer_meta.json"
@@ -35,7 +36,7 @@ EOD_TEXT = "<|endoftext|>"
 _EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer cannot be loaded or used; the message names the file and the fix."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from pretrain.config import yaml_error_message
+from pretrain.errors import UserError
 from pretrain.eval.tables import MISSING, PAPER_COLUMNS, PPL_COLUMNS, markdown_table, metric
 from pretrain.run_layout import CONFIG_FILE, EVAL_DIR, RunLayout, read_metrics, step_tag
 
@@ -34,7 +35,7 @@ _RUN_SPECIFIC = (("train", "seed"), ("logging", "run_dir"), ("checkpoint", "dir"
 _SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)[-_]?\d+$")
 
 
-class CompareError(ValueError):
+class CompareError(UserError, ValueError):
     """A run folder cannot be read; the message names it."""
 
 

@@ -44,6 +44,7 @@ from lm_eval.models.utils import Collator
 from tqdm import tqdm
 
 from pretrain.config import ConfigError
+from pretrain.errors import UserError
 from pretrain.model.attention import KVCache
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import find_weights_dir, load_weights
@@ -64,7 +65,7 @@ _DTYPES = {
 Request = tuple[Any, list[int], list[int]]
 
 
-class ContinuationTooLong(ConfigError):
+class ContinuationTooLong(UserError, ValueError):
     """Loglikelihood requests whose continuation alone is longer than max_length.
 
     `tasks` maps each task (None: requests without one) to (such requests, its requests,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import ConfigError
+from pretrain.errors import UserError
 from pretrain.eval.tables import fmt, markdown_table, paper_tables
 from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
@@ -34,7 +35,7 @@ VALID_JSON = "valid_metrics.json"
 RESULTS_MD = "results.md"
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """Bad evaluation input; the message names the flag, file or task and the fix."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from pretrain.config import ConfigError, ModelConfig, from_dict
+from pretrain.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ CLASS_NAMES = {
 RECORD_KEY = "pretrain"
 
 
-class HFConversionError(ValueError):
+class HFConversionError(UserError, ValueError):
     """The model (or folder) cannot be converted exactly; the message names what and the fix."""
 
 

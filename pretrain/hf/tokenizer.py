@@ -34,6 +34,7 @@ from pretrain.data.tokenizer import (
     HFTokenizer,
     Tokenizer,
 )
+from pretrain.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ PROBE = (
 )
 
 
-class TokenizerExportError(ValueError):
+class TokenizerExportError(UserError, ValueError):
     """The tokenizer cannot be written as Hugging Face files that encode exactly like it."""
 
 

@@ -76,7 +76,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         # Recompute blocks in the backward to save memory: False/0 none, True all, or an int N
-        # = the first N blocks (pretrain/model/checkpointing.py).
+        # = the first N blocks (pretrain/model/recompute.py).
         self.gradient_checkpointing: bool | int = False
         self.last_z_loss: torch.Tensor | None = None
         self.reset_parameters()

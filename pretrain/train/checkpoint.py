@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.config import ConfigError
+from pretrain.errors import UserError
 from pretrain.run_layout import (
     DELETING_SUFFIX,
     LATEST_FILE,
@@ -106,7 +106,7 @@ def complete_tags(ckpt_dir: Path) -> list[str]:
     return sorted(p.name for p in ckpt_dir.iterdir() if is_complete(p))
 
 
-class CheckpointError(ConfigError):
+class CheckpointError(UserError, ValueError):
     """No checkpoint of a run can be loaded; the message names them and the way out."""
 
     label = "checkpoint error"

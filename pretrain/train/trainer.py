@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from pretrain.config import Config, ConfigError, FaultConfig, ModelConfig, to_dict
-from pretrain.config_checks import check_config
+from pretrain.config_checks import check_run, grad_accum_steps
 from pretrain.data.pipeline import DataSource, build_data
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import save_weights
@@ -277,7 +277,8 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         self.env = dist_utils.setup_env()
         self.device = dist_utils.device_for(self.env)
-        self.grad_accum = check_config(cfg, self.env.world_size, check_data=self.data is None)
+        check_run(cfg, self.env.world_size, check_data=self.data is None)
+        self.grad_accum = grad_accum_steps(cfg, self.env.world_size)
         if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.env.world_size))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain.errors import UserError
 from pretrain.run_layout import atomic_write
 
 log = logging.getLogger(__name__)
 
 
-class EvalDataError(FileNotFoundError):
+class EvalDataError(UserError, FileNotFoundError):
     """A task's local data file is missing or unreadable; the message names it and the fix."""
 
 

@@ -8,6 +8,11 @@ so they see every built-in scalar of the step and may add their own.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from typing import Any
+
+from pretrain.config import ConfigError
 from pretrain.train.callbacks.base import Callback, StepOutput
 from pretrain.train.callbacks.checkpointing import Checkpointing
 from pretrain.train.callbacks.console import ConsoleProgress, Samples
@@ -21,8 +26,6 @@ from pretrain.train.callbacks.writers import MetricsFile, TensorBoard, WandbLogg
 
 def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
     """The callbacks a config asks for, in the order they run on each hook."""
-    from pretrain.config_checks import callback_class
-
     log = cfg.logging
     out: list[Callback] = [
         Preemption(),
@@ -48,6 +51,36 @@ def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
     return out
 
 
+def callback_class(spec: dict[str, Any], key: str = "callbacks[0]") -> type:
+    """The class a `callbacks:` entry names, after checking that it exists, is a Callback,
+    and accepts the entry's other keys as constructor arguments."""
+    path = spec.get("class")
+    if not isinstance(path, str) or "." not in path:
+        raise ConfigError(
+            f"{key}.class={path!r} must name a class by its dotted path, "
+            f"e.g. {{class: mylab.callbacks.MyCallback}}"
+        )
+    module_name, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"{key}.class={path!r}: cannot import {module_name} ({e}); put it on PYTHONPATH "
+            f"or install its package"
+        ) from None
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise ConfigError(
+            f"{key}.class={path!r} is not a subclass of pretrain.train.callbacks.Callback"
+        )
+    kwargs = {k: v for k, v in spec.items() if k != "class"}
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{key}: {path} does not accept {sorted(kwargs)} ({e})") from None
+    return cls
+
+
 class _EndSummary(Callback):
     """Where the results are, once a run has finished."""
 
@@ -59,6 +92,7 @@ class _EndSummary(Callback):
 
 __all__ = [
     "Callback",
+    "callback_class",
     "Checkpointing",
     "ConsoleProgress",
     "Evaluation",

@@ -1,4 +1,4 @@
-"""Activation checkpointing as a number of layers: none, all, some, or chosen by the planner.
+"""Activation recompute (checkpointing) as a number of layers: none, all, some, or chosen by the planner.
 
 `train.activation_checkpointing` takes
     false, "none", 0      keep every layer's activations for the backward (fastest, most memory)
@@ -25,7 +25,7 @@ AUTO = "auto"
 NAMES = ("none", "full", AUTO)
 
 
-def checkpoint_layers(value: Any, n_layers: int, key: str = KEY) -> int | None:
+def recompute_layers(value: Any, n_layers: int, key: str = KEY) -> int | None:
     """The number of blocks to recompute for a config value; None for "auto".
 
     Raises ConfigError naming `key` and the accepted values for anything else.
@@ -53,12 +53,12 @@ def checkpoint_layers(value: Any, n_layers: int, key: str = KEY) -> int | None:
     )
 
 
-def check_config(cfg: Any) -> None:
+def check_recompute(cfg: Any) -> None:
     """Validate `cfg.train.activation_checkpointing` against `cfg.model.n_layers`."""
-    checkpoint_layers(cfg.train.activation_checkpointing, cfg.model.n_layers)
+    recompute_layers(cfg.train.activation_checkpointing, cfg.model.n_layers)
 
 
-def describe(layers: int, n_layers: int) -> str:
+def describe_recompute(layers: int, n_layers: int) -> str:
     """'none', 'full (16 of 16 layers)' or '6 of 16 layers'."""
     if layers <= 0:
         return "none"
@@ -67,4 +67,4 @@ def describe(layers: int, n_layers: int) -> str:
     return f"{layers} of {n_layers} layers"
 
 
-__all__ = ["AUTO", "KEY", "check_config", "checkpoint_layers", "describe"]
+__all__ = ["AUTO", "KEY", "check_recompute", "describe_recompute", "recompute_layers"]
