@@ -253,6 +253,9 @@ class TrainConfig:
     # z-loss (PaLM): adds z_loss x mean(log Z)^2 to the loss (log Z: the log-sum-exp of a
     # token's logits), keeping the softmax normaliser near 1. 0 = off (the paper); PaLM 1e-4.
     z_loss: float = 0.0
+    # The output layer + cross-entropy: "chunked" (pretrain/model/loss.py, any device, never
+    # the whole logits) or "liger" (liger-kernel's fused Triton kernel, CUDA, opt-in).
+    loss_backend: Literal["chunked", "liger"] = "chunked"
     # Extra DeepSpeed config keys, merged over the generated config (advanced users).
     deepspeed: dict[str, Any] = field(default_factory=dict)
 

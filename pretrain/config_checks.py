@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from pretrain.config import Config, ConfigError
+from pretrain.model.recompute import check_recompute
 
 
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
@@ -73,7 +74,6 @@ def _check_train(cfg: Config) -> None:
         raise ConfigError(f"optim.lr={cfg.optim.lr} must be > 0")
     if cfg.optim.grad_clip < 0:
         raise ConfigError(f"optim.grad_clip={cfg.optim.grad_clip} must be >= 0 (0 = no clipping)")
-    from pretrain.model.recompute import check_recompute
 
     check_recompute(cfg)  # train.activation_checkpointing: none, full, N <= n_layers, auto
     if t.eval_interval < 0 or t.eval_iters < 0:

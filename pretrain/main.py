@@ -11,65 +11,9 @@ Re-running the same command resumes from the newest complete checkpoint. Exit co
 2 for a user error (config, data, path, flag: one line; PRETRAIN_DEBUG=1 for a traceback).
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
 
-from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.config import load_config
-from pretrain.run_layout import CheckpointSaveError
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--config",
-        required=True,
-        help="run config YAML (may `inherit:` a model preset); see docs/configuration.md",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config value, e.g. --set optim.lr=3e-4 "
-        "--set train.micro_batch_size=8 (repeatable; values are read as YAML)",
-    )
-    parser.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the resolved config (after inherit and --set) and exit",
-    )
-    # The deepspeed launcher appends --local_rank=N; the rank comes from the environment.
-    parser.add_argument(
-        "--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS
-    )
-    return parser.parse_args(argv)
-
-
-@user_errors
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        if args.print_config:
-            import yaml
-
-            from pretrain.config import to_dict
-
-            print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-            return 0
-        from pretrain.train.trainer import train
-
-        return train(cfg)
-    except CheckpointSaveError as e:  # the run is resumable: say how, without a traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
+from pretrain.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from pretrain.config import load_config
+from pretrain.planner import time_limit_hours
 from pretrain.run_layout import atomic_write
 
 # ----------------------------------------------------------------------------- the grid
@@ -293,9 +294,8 @@ def plan_rows() -> dict[str, dict[str, Any]]:
 
 
 def planned_hours(row: dict[str, Any]) -> int:
-    """The job's time limit (pretrain.plan.time_limit_hours) of the run as configured: its
+    """The job's time limit (pretrain.planner.time_limit_hours) of the run as configured: its
     planned run time at 40% MFU, scaled from model to executed FLOPs (recompute included)."""
-    from pretrain.plan import time_limit_hours
 
     return time_limit_hours(row["run_hours"] * row["executed_flops"] / row["model_flops"])
 
@@ -437,7 +437,7 @@ def table_rows(runs: list[Run] | None = None) -> list[tuple[str, ...]]:
     return rows
 
 
-def format_table(runs: list[Run] | None = None, markdown: bool = False) -> str:
+def format_run_table(runs: list[Run] | None = None, markdown: bool = False) -> str:
     rows = table_rows(runs)
     if markdown:
         lines = [
@@ -615,7 +615,7 @@ __all__ = [
     "char_configs",
     "check_configs",
     "config_dict",
-    "format_table",
+    "format_run_table",
     "generated_files",
     "paper_runs",
     "render_config",

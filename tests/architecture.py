@@ -61,7 +61,9 @@ def _targets(node: ast.AST, current: str, is_package: bool, known: set[str]) -> 
 
 
 def load_modules() -> dict[str, Module]:
-    paths = [p for p in PACKAGE.rglob("*.py") if "remote_code" not in p.parts]
+    # hf/remote_code is shipped inside exports and imports nothing of ours; it is a module
+    # like the others here, so that importing it is not mistaken for importing hf/__init__.
+    paths = list(PACKAGE.rglob("*.py"))
     known = {module_name(p) for p in paths}
     modules = {}
     for path in sorted(paths):

@@ -22,19 +22,20 @@ import yaml
 from train_support import LAUNCH_VARS, REPO, child_env, tiny_config
 
 PROGRAMS = {
-    "main": "pretrain.main:main",
+    "main": "pretrain.cli.train:main",
     "prepare_data": "pretrain.cli.prepare_data:main",
     "evaluate": "pretrain.cli.evaluate:main",
-    "export_hf": "pretrain.hf.cli:export_main",
-    "import_hf": "pretrain.hf.cli:import_main",
+    "export_hf": "pretrain.cli.export_hf:main",
+    "import_hf": "pretrain.cli.import_hf:main",
     "compare_runs": "pretrain.cli.compare_runs:main",
     "sweep": "pretrain.cli.sweep:main",
     "model_info": "pretrain.cli.model_info:main",
     "rope_cache_size": "pretrain.cli.rope_cache_size:main",
-    "plan": "pretrain.plan:main",
+    "plan": "pretrain.cli.plan:main",
     "check_checkpoint": "pretrain.cli.check_checkpoint:main",
     "train_tokenizer": "pretrain.cli.train_tokenizer:main",
     "benchmark": "pretrain.cli.benchmark:main",
+    "prepare_tasks": "pretrain.cli.prepare_tasks:main",
 }
 
 
@@ -472,6 +473,14 @@ CASES = [
     ),
     Case("plan-gpu", "plan", ["{t}/run.yaml", "--gpu", "tpu"], "--gpu", run_cfg()),
     Case("plan-gpus-type", "plan", ["{t}/run.yaml", "--gpus", "many"], "--gpus"),
+    # tools/prepare_tasks.py
+    Case("tasks-no-output", "prepare_tasks", ["--data-dir", "{t}"], "--output"),
+    Case(
+        "tasks-missing-file",
+        "prepare_tasks",
+        ["--data-dir", "{t}", "--output", "{t}/out", "--tasks", "logiqa"],
+        "logiqa",
+    ),
     # tools/check_checkpoint.py
     Case("ckpt-missing", "check_checkpoint", ["{t}/nope"], "{t}/nope"),
     Case("ckpt-is-file", "check_checkpoint", ["{t}/afile"], "{t}/afile", text("afile", "x")),
@@ -571,7 +580,9 @@ def test_a_tool_as_a_program_gives_one_line_and_exit_2(tmp_path):
     r = _tool("model_info", "--preset", str(bad), PRETRAIN_DEBUG="")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"config error: {bad}:2:1: not valid YAML: "), r.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"config error: {bad}:2:1: not valid YAML: "), (
+        r.stderr
+    )
     assert "Traceback" not in r.stderr and str(bad) in r.stderr
 
 

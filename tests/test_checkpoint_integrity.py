@@ -13,13 +13,14 @@ import sys
 import pytest
 from train_support import REPO, baseline_run, metrics, run_main, tiny_config, write_config
 
-from pretrain.run_layout import STATE_FILE, crc32_file, is_unverified
+from pretrain.integrity import crc32_file, is_unverified
+from pretrain.run_layout import STATE_FILE
 from pretrain.train.checkpoint import (
-    FAULT_POINTS,
     complete_tags,
     find_resume_tag,
     verify_checkpoint,
 )
+from pretrain.train.faults import SAVE_POINTS
 
 
 def _copy_run(base, dest):
@@ -286,10 +287,10 @@ KILL_POINTS = ("mid_marker", "before_latest")
 def test_kill_during_a_save_leaves_a_resumable_run(short_baseline, tmp_path, point):
     """The process dies (as under kill -9) at `point` of saving step 4; the same command then
     finishes with the uninterrupted run's losses."""
-    assert point in FAULT_POINTS
+    assert point in SAVE_POINTS
     data, base = short_baseline
     cfg = _short_config(tmp_path, data, point)
-    r = run_main(cfg, PRETRAIN_TEST_KILL_DURING_SAVE=f"{point}:4")
+    r = run_main(cfg, PRETRAIN_TEST_KILL_AT=f"{point}:4")
     assert r.returncode == 137, (point, r.stdout[-2000:] + r.stderr[-2000:])
     r = run_main(cfg)
     assert r.returncode == 0, (point, r.stdout[-3000:] + r.stderr[-3000:])
@@ -306,7 +307,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(short_baseline, t
     one line that names the intact checkpoint, and the run resumes from it afterwards."""
     data, base = short_baseline
     cfg = _short_config(tmp_path, data, "run")
-    r = run_main(cfg, PRETRAIN_TEST_KILL_DURING_SAVE="after_engine_save:4")
+    r = run_main(cfg, PRETRAIN_TEST_KILL_AT="after_engine_save:4")
     assert r.returncode == 137
     limit = _largest_file(tmp_path / "run" / "checkpoints" / "step_0000002").stat().st_size // 2
 

@@ -68,7 +68,7 @@ def tiny_run(tmp_path_factory) -> Path:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(STEPS):
         batch = data[torch.randint(0, len(data), (2,))]
-        loss = model(batch[:, :-1], batch[:, 1:])
+        loss = model(batch[:, :-1], batch[:, 1:]).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

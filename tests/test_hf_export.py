@@ -524,7 +524,8 @@ def qknorm_run(tmp_path):
 
 
 def test_cli_export_check_and_import_round_trip(qknorm_run, tmp_path, capsys):
-    from pretrain.hf.cli import export_main, import_main
+    from pretrain.cli.export_hf import main as export_main
+    from pretrain.cli.import_hf import main as import_main
 
     run, model = qknorm_run
     out = tmp_path / "hf"
@@ -557,7 +558,7 @@ def test_cli_export_check_fails_when_generation_differs(qknorm_run, tmp_path, mo
     rename of `past_key_values` to `cache` did to the code of 5.23): the single forward still
     matches, greedy decoding does not, and `--check` exits 1 naming both failures."""
     import pretrain.hf.folder as folder
-    from pretrain.hf.cli import export_main
+    from pretrain.cli.export_hf import main as export_main
 
     real, line = folder.export_hf, "return cache if cache is not None else past_key_values"
 
@@ -589,7 +590,7 @@ def test_cli_export_check_fails_when_generation_differs(qknorm_run, tmp_path, mo
     ],
 )
 def test_cli_forced_native_target_is_refused_in_one_line(qknorm_run, tmp_path, capsys, args, words):
-    from pretrain.hf.cli import export_main
+    from pretrain.cli.export_hf import main as export_main
 
     assert export_main(["--run", str(qknorm_run[0]), "--out", str(tmp_path / "hf"), *args]) == 2
     err = capsys.readouterr().err
@@ -597,7 +598,8 @@ def test_cli_forced_native_target_is_refused_in_one_line(qknorm_run, tmp_path, c
 
 
 def test_cli_bad_input_gives_one_line(qknorm_run, tmp_path, capsys):
-    from pretrain.hf.cli import export_main, import_main
+    from pretrain.cli.export_hf import main as export_main
+    from pretrain.cli.import_hf import main as import_main
 
     cases = [
         (

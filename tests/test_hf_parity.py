@@ -55,7 +55,7 @@ def check_same(ours: Transformer, hf, seed: int) -> None:
         assert (a - b).abs().max().item() < 1e-4
         # Same loss: HF shifts labels inside; ours takes the shifted targets.
         hf_loss = hf(x, labels=x).loss
-        our_loss = ours(x[:, :-1], targets=x[:, 1:])
+        our_loss = ours(x[:, :-1], targets=x[:, 1:]).loss
         assert abs(hf_loss.item() - our_loss.item()) < 1e-5
 
 

@@ -65,7 +65,7 @@ def test_chunked_loss_and_gradients_equal_cross_entropy_fp32(chunk):
     hidden, weight, targets = _case(torch.float32)
     ref = _grads(_unfused, hidden, weight, targets, scale=0.37)
     new = _grads(
-        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=chunk),
+        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=chunk)[0],
         hidden,
         weight,
         targets,
@@ -81,7 +81,7 @@ def test_chunked_loss_bf16_is_as_close_to_fp64_as_the_unfused_loss():
     exact = _grads(_unfused, hidden.double(), weight.double(), targets)
     ref = _grads(_unfused, hidden, weight, targets)
     new = _grads(
-        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=32), hidden, weight, targets
+        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=32)[0], hidden, weight, targets
     )
     assert new[1].dtype == new[2].dtype == torch.bfloat16
 
@@ -102,13 +102,13 @@ def test_chunked_loss_without_gradients_and_all_ignored():
     hidden, weight, targets = _case(torch.float32)
     with torch.no_grad():
         assert torch.allclose(
-            linear_cross_entropy(hidden, weight, targets, chunk_tokens=5),
+            linear_cross_entropy(hidden, weight, targets, chunk_tokens=5)[0],
             _unfused(hidden, weight, targets),
             rtol=0,
             atol=1e-6,
         )
     none = torch.full_like(targets, -100)
-    assert math.isnan(linear_cross_entropy(hidden, weight, none).item())
+    assert math.isnan(linear_cross_entropy(hidden, weight, none)[0].item())
     assert math.isnan(_unfused(hidden, weight, none).item())
 
 
@@ -124,7 +124,7 @@ def test_model_loss_equals_whole_logits_cross_entropy():
     x = torch.randint(0, 97, (2, 16))
     y = torch.randint(0, 97, (2, 16))
     y[1, :4] = -100
-    loss = model(x, y)
+    loss = model(x, y).loss
     loss.backward()
     g_new = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -238,21 +238,28 @@ def test_partial_checkpointing_gives_the_same_gradients():
     for n in (0, 1, 3, True):
         model.zero_grad()
         model.gradient_checkpointing = n
-        model(x, x).backward()
+        model(x, x).loss.backward()
         grads[n] = [p.grad.clone() for p in model.parameters()]
     for n in (1, 3, True):
         for a, b in zip(grads[n], grads[0], strict=True):
             assert torch.equal(a, b)
 
 
-def test_loss_backend_choice(monkeypatch):
+def test_loss_backend_choice():
     hidden, weight, targets = _case(torch.float32)
-    ref = linear_cross_entropy(hidden, weight, targets)
-    monkeypatch.setenv("PRETRAIN_LOSS_BACKEND", "liger")  # CPU tensors: the chunked path
-    assert torch.equal(linear_cross_entropy(hidden, weight, targets), ref)
-    monkeypatch.setenv("PRETRAIN_LOSS_BACKEND", "fused")
-    with pytest.raises(ValueError, match="PRETRAIN_LOSS_BACKEND.*'chunked' or 'liger'"):
-        linear_cross_entropy(hidden, weight, targets)
+    ref, z_term = linear_cross_entropy(hidden, weight, targets)
+    assert z_term.item() == 0.0  # always (loss, z term); no z-loss asked
+    # CPU tensors: liger falls back to the chunked path.
+    assert torch.equal(linear_cross_entropy(hidden, weight, targets, backend="liger")[0], ref)
+    with pytest.raises(ValueError, match=r"train\.loss_backend='fused'.*'chunked' or 'liger'"):
+        linear_cross_entropy(hidden, weight, targets, backend="fused")
+    # The config refuses it before a run builds, naming the key and the choices.
+    with pytest.raises(ConfigError, match=r"train\.loss_backend.*chunked.*liger"):
+        from_dict(TrainConfig, {"loss_backend": "fused"}, "train")
+    model = Transformer(tiny())
+    model.loss_fn = lambda h, w, t, ignore_index, z_loss: (h.sum() * 0 + 7.0, h.new_zeros(()))
+    x = torch.randint(0, 97, (1, 8))
+    assert model(x, x).loss.item() == 7.0  # the injection point is what forward uses
 
 
 @pytest.mark.gpu
@@ -260,7 +267,7 @@ def test_liger_backend_matches_the_chunked_loss_on_gpu():
     pytest.importorskip("liger_kernel")
     hidden, weight, targets = _case(torch.float32, n=(4, 256), d=64, vocab=1000)
     args = (hidden.cuda(), weight.cuda(), targets.cuda())
-    chunked = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, backend="chunked"), *args)
-    liger = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, backend="liger"), *args)
+    chunked = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, backend="chunked")[0], *args)
+    liger = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, backend="liger")[0], *args)
     for a, b in zip(liger, chunked, strict=True):
         assert (a - b).abs().max().item() <= 1e-5

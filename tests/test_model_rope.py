@@ -77,7 +77,7 @@ def test_bf16_autocast_step_casts_q_and_k_only_in_qk_norm():
     x = torch.randint(0, 64, (2, 16))
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(x, targets=x)
+            loss = model(x, targets=x).loss
         loss.backward()
     heads_shape = [2, cfg.n_heads, 16, cfg.head_dim]
     casts = [e for e in prof.events() if e.name == "aten::_to_copy"]

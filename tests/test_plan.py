@@ -4,12 +4,16 @@ DeepSpeed steps checked against the CPU allocator (torch's profiler)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from pretrain import plan as P
+from pretrain import planner as P
+from pretrain.cli import plan as plan_cli
 from pretrain.config import ConfigError
+from pretrain.planner import trace, validation
 
 MiB = 2**20
 
@@ -48,7 +52,7 @@ def test_flash_attention_stand_in_allocates_as_flash_attention_2():
         k = torch.empty(B, KV, T, D, dtype=torch.bfloat16, requires_grad=True)
         v = torch.empty(B, KV, T, D, dtype=torch.bfloat16, requires_grad=True)
         with P.LiveTensors() as acct:
-            out = P._flash_sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            out = trace._flash_sdpa(q, k, v, is_causal=True, enable_gqa=True)
             fwd = acct.live
             out.backward(torch.empty_like(out))
     bf, f32 = 2, 4
@@ -137,7 +141,7 @@ def test_cli_plan_and_errors(tmp_path, capsys):
         "train: {train_iters: 100, global_batch_size: 16, micro_batch_size: 4, "
         "activation_checkpointing: auto}\n"
     )
-    assert P.main([str(cfg), "--gpu", "h100", "--gpus", "2"]) == 0
+    assert plan_cli.main([str(cfg), "--gpu", "h100", "--gpus", "2"]) == 0
     out = capsys.readouterr().out
     for words in (
         "FITS",
@@ -157,7 +161,7 @@ def test_cli_plan_and_errors(tmp_path, capsys):
         (["--gpus", "3"], "divisible"),
         (["--mfu", "40"], "--mfu 40.0 must be in (0, 1]"),
     ):
-        assert P.main([str(cfg), *argv]) == 2
+        assert plan_cli.main([str(cfg), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and words in err, err
 
@@ -173,16 +177,16 @@ def test_plan_equals_the_cpu_allocator_within_half_a_percent(monkeypatch):
     tolerance is the one docs/performance.md states, on any x86 CPU: every measured step runs
     with torch's oneDNN switch off, so bf16 matmuls take ATen's GEMM (ATen checks
     `userEnabledMkldnn()` before the CPU; oneDNN's scratch on AVX-512-BF16 is not planned),
-    and with the one-rank all-reduce inline (plan.one_rank_all_reduce_inline: gloo's thread
+    and with the one-rank all-reduce inline (validation.one_rank_all_reduce_inline: gloo's thread
     freed a buffer the profiler never saw, failing about one run in five)."""
     assert P.VALIDATION_TOLERANCE <= 0.005
-    profile_steps, seen, all_reduce = P._profile_steps, [], torch.distributed.all_reduce
+    profile_steps, seen, all_reduce = validation._profile_steps, [], torch.distributed.all_reduce
 
     def watched(*args, **kwargs):
         seen.append((torch.backends.mkldnn.enabled, torch.distributed.all_reduce is all_reduce))
         return profile_steps(*args, **kwargs)
 
-    monkeypatch.setattr(P, "_profile_steps", watched)
+    monkeypatch.setattr(validation, "_profile_steps", watched)
     before = torch.backends.mkldnn.enabled
     results = P.validate(micro_batch=2, seq_len=128)
     # oneDNN off and the one-rank all-reduce inline in every window; both back afterwards
@@ -235,7 +239,7 @@ def test_paper_plan_is_current():
 
     name = "pythia1b_rope10"
     stored = {r["name"]: r for r in json.loads(P.PAPER_PLAN.read_text())["runs"]}[name]
-    cfg = load_config(P.Path(__file__).resolve().parents[1] / "configs" / "paper" / f"{name}.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "paper" / f"{name}.yaml")
     fresh = P.plan_run(cfg, P.GPUS["h200"], 32)
     assert round(fresh.train_peak / 2**30, 2) == stored["train_peak_gib"]
     assert round(fresh.eval_peak / 2**30, 2) == stored["eval_peak_gib"]

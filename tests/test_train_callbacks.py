@@ -79,7 +79,7 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path, tmp_p
 def test_bad_callback_entry_is_one_line(
     tmp_path, tmp_path_factory, capsys, monkeypatch, entry, message
 ):
-    from pretrain.main import main
+    from pretrain.cli.train import main
 
     monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.setattr(

@@ -51,7 +51,7 @@ def test_kill_during_save_then_resume_is_exact(tmp_path_factory, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=child_env(PRETRAIN_TEST_PAUSE_BEFORE_COMMIT="6:60"),
+        env=child_env(PRETRAIN_TEST_PAUSE_AT="before_commit:6:60"),
     )
     _wait_for_line(proc, "pausing", timeout=180)
     proc.send_signal(signal.SIGKILL)

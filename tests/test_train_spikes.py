@@ -43,9 +43,9 @@ class StateProbe(Callback):
         self.scalars: dict[int, dict[str, float]] = {}
 
     def on_step_end(self, trainer, out) -> None:
-        inner = _inner_optimizer(trainer.engine)
+        inner = _inner_optimizer(trainer.run.module.engine)
         masters = [p for g in inner.param_groups for p in g["params"]]
-        tensors = [p.detach().clone() for p in trainer.module.parameters()]
+        tensors = [p.detach().clone() for p in trainer.run.module.model.parameters()]
         tensors += [m.detach().clone() for m in masters]
         for m in masters:
             for _, v in sorted(inner.state.get(m, {}).items()):
@@ -195,7 +195,7 @@ def test_kill_in_a_rollback_resumes_into_the_same_run_on_two_ranks(tmp_path, dat
     step for step, to a 2-rank run whose data omitted the window."""
     rolled, plain = tmp_path / "rolled", tmp_path / "plain"
     cfg = write_config(tmp_path / "rolled.yaml", _rollback_config(rolled, data, ROLLBACK))
-    killed = run_main(cfg, nproc=2, PRETRAIN_TEST_KILL_IN_ROLLBACK="record")
+    killed = run_main(cfg, nproc=2, PRETRAIN_TEST_KILL_AT="rollback_recorded")
     assert killed.returncode != 0
     assert (rolled / "checkpoints" / step_tag(10)).is_dir()  # not yet removed
     assert len(read_rollbacks(rolled)) == 1

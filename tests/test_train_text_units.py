@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pretrain.data.pipeline import text_per_token
 from pretrain.data.tokenizer import CharTokenizer, load_tokenizer
+from pretrain.eval.metrics import text_per_token
 
 
 def test_char_level_data_gets_bits_per_char_and_bytes_differ():

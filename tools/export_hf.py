@@ -10,7 +10,7 @@ folder (AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)). See 
 
 import sys
 
-from pretrain.hf.cli import export_main
+from pretrain.cli.export_hf import main
 
 if __name__ == "__main__":
-    sys.exit(export_main())
+    sys.exit(main())

@@ -7,7 +7,7 @@ model) into a weights folder that evaluation and export read; `--help` for the o
 
 import sys
 
-from pretrain.hf.cli import import_main
+from pretrain.cli.import_hf import main
 
 if __name__ == "__main__":
-    sys.exit(import_main())
+    sys.exit(main())

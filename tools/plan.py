@@ -6,12 +6,12 @@
     python tools/plan.py --validate          # the planner against the CPU allocator
     python tools/plan.py --paper             # docs/performance.md's table
 
-The logic lives in pretrain/plan.py (`main`); see docs/performance.md.
+The logic lives in pretrain/cli/plan.py (`main`; the planner is pretrain/planner/); see docs/performance.md.
 """
 
 import sys
 
-from pretrain.plan import main
+from pretrain.cli.plan import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pretrain.analysis.rope_cache import human_bytes
 from pretrain.config import ModelConfig
 from pretrain.model.rope import rope_cache_bytes
 from pretrain.model.transformer import Transformer
@@ -57,7 +58,6 @@ def model_info(cfg: ModelConfig, name: str = "", seq_len: int | None = None) -> 
 
 
 def format_info(info: ModelInfo) -> str:
-    from pretrain.analysis.rope_cache import human_bytes
 
     frac = info.rotary_dims / info.head_dim
     rows = [
@@ -89,7 +89,6 @@ def format_info(info: ModelInfo) -> str:
 
 def format_info_table(infos: list[ModelInfo]) -> str:
     """One markdown row per model (for docs and comparisons)."""
-    from pretrain.analysis.rope_cache import human_bytes
 
     header = [
         "preset",

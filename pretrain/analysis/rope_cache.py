@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from pretrain.analysis.presets import load_preset
 from pretrain.config import ConfigError, ModelConfig, rotary_dims_from_fraction
 from pretrain.model.rope import rope_cache_bytes
 from pretrain.model.transformer import Transformer
@@ -118,7 +119,7 @@ def _fraction_label(f: float) -> str:
     return f"{100 * f:g}%"
 
 
-def format_table(
+def format_cache_table(
     rows: Sequence[CacheRow],
     seq_lens: Sequence[int],
     head_dim: int,
@@ -359,7 +360,6 @@ def check_presets(
     presets: Sequence[str], fractions: Sequence[float], formula: Formula = rope_cache_bytes
 ) -> list[CheckResult]:
     """check_cache_formula for each preset as written and at each fraction its head_dim allows."""
-    from pretrain.analysis.presets import load_preset
 
     results = []
     for preset in presets:

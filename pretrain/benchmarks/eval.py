@@ -26,6 +26,10 @@ from pathlib import Path
 
 import torch
 
+from pretrain.analysis.presets import preset_path
+from pretrain.config import ModelConfig, load_model_config
+from pretrain.model import Transformer
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
 
@@ -123,9 +127,6 @@ def _requests(texts: list[str], n: int, rolling: int, seed: int):
 
 
 def _model(args):
-    from pretrain.analysis.presets import preset_path
-    from pretrain.config import load_model_config
-    from pretrain.model import Transformer
 
     cfg = load_model_config(preset_path(args.preset))
     over = {}
@@ -142,8 +143,6 @@ def _model(args):
         over["max_seq_len"] = args.max_seq_len
     if over:
         from dataclasses import asdict
-
-        from pretrain.config import ModelConfig
 
         d = asdict(cfg)
         d.update(over)

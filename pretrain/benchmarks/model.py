@@ -32,7 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from pretrain.config import ConfigError, ModelConfig
+from pretrain.analysis.presets import load_preset
+from pretrain.config import ConfigError, ModelConfig, rotary_dims_from_fraction
+from pretrain.model.rope import RotaryEmbedding, apply_rope, rope_cache
+from pretrain.model.transformer import Transformer
+from pretrain.run_layout import atomic_write
 
 THETAS = (500.0, 1000.0, 5000.0, 10000.0, 20000.0, 50000.0)
 FRACTIONS = (0.0, 0.1, 0.25, 1.0)
@@ -178,8 +182,6 @@ def build_variants(
     seed: int,
 ) -> list[Variant]:
     """One model per (theta, fraction), all sharing the weights of the first one."""
-    from pretrain.model.rope import RotaryEmbedding
-    from pretrain.model.transformer import Transformer
 
     torch.manual_seed(seed)
     with torch.device(device):
@@ -210,7 +212,7 @@ def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, sync) -> tup
     """(wall seconds, process CPU seconds) of one forward+backward."""
     sync()
     w0, c0 = time.perf_counter(), time.process_time()
-    loss = model(x, y)
+    loss = model(x, y).loss
     loss.backward()
     sync()
     c1, w1 = time.process_time(), time.perf_counter()
@@ -359,8 +361,6 @@ def time_rope_alone(
     """apply_rope forward+backward on q- and k-shaped tensors of the full preset (one
     sequence): {fraction: (rotary dims, median seconds)}. Shows what RoPE itself costs at
     real sizes, where the small model's step hides it under per-op overhead."""
-    from pretrain.config import rotary_dims_from_fraction
-    from pretrain.model.rope import apply_rope, rope_cache
 
     H, KV, D, T = preset.n_heads, preset.kv_heads, preset.head_dim, seq_len
     g = torch.Generator().manual_seed(seed)
@@ -390,7 +390,6 @@ def time_rope_alone(
 
 
 def run_cpu(args: argparse.Namespace) -> dict:
-    from pretrain.analysis.presets import load_preset
 
     torch.set_num_threads(args.threads)
     preset = load_preset(args.preset)
@@ -464,7 +463,6 @@ def run_cpu(args: argparse.Namespace) -> dict:
 
 
 def run_gpu(args: argparse.Namespace, device: torch.device | None = None) -> dict:
-    from pretrain.analysis.presets import load_preset
 
     device = device or torch.device("cuda")
     out = {"device": torch.cuda.get_device_name(), "peak_tflops": args.peak_tflops, "presets": {}}
@@ -530,8 +528,6 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {e}") from None
     if args.json:
         from pathlib import Path
-
-        from pretrain.run_layout import atomic_write
 
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from pretrain.config import Config, from_dict
+from pretrain.train.engine import build_engine, optimizer_impl
+
 IMPLS = ("deepspeed", "foreach", "fused")
 
 
@@ -50,7 +53,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, impl: str):
-    from pretrain.config import Config, from_dict
 
     d = args.d_model
     return from_dict(
@@ -87,7 +89,6 @@ def _sync(device: torch.device) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from pretrain.train import distributed as dist_utils
-    from pretrain.train.engine import build_engine, optimizer_impl
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if not torch.distributed.is_initialized():
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> None:
     engines, names = {}, {}
     for impl in args.impls:
         cfg = _config(args, impl)
-        engines[impl] = build_engine(cfg, 1, device)
+        engines[impl] = build_engine(cfg, 1, device, recompute=0)
         opt = engines[impl].basic_optimizer
         g = opt.param_groups[0]
         names[impl] = f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}" + (
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
             e = engines[impl]
             _sync(device)
             t0 = time.perf_counter()
-            loss = e(x, targets=y)
+            loss = e(x, targets=y).loss
             e.backward(loss)
             _sync(device)
             t1 = time.perf_counter()

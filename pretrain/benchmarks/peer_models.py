@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from pretrain.config import ModelConfig
+from pretrain.model.transformer import Transformer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -56,13 +57,12 @@ def llama_config(
 
 
 def ours(name: str, model: nn.Module) -> Contestant:
-    return Contestant(name, model, lambda x, y: model(x, targets=y))
+    return Contestant(name, model, lambda x, y: model(x, targets=y).loss)
 
 
 def variant(base: nn.Module, **changes) -> nn.Module:
     """Our model with other RoPE/QK-Norm settings and the base's weights (copied: each
     variant has its own optimizer state and steps). QK-Norm's new weights start at one."""
-    from pretrain.model.transformer import Transformer
 
     cfg = dataclasses.replace(base.cfg, **changes)
     model = Transformer(cfg)

@@ -44,6 +44,8 @@ from pretrain.benchmarks.peer_models import (
     transformers_llama,
     variant,
 )
+from pretrain.model.transformer import Transformer
+from pretrain.run_layout import atomic_write
 
 PEERS = ("transformers", "litgpt")
 LOSS_TOLERANCE = {"fp32": 1e-5, "bf16": 5e-3}  # relative to our loss on the same batch
@@ -85,7 +87,6 @@ class Entry:
 
 
 def _contestants(args: argparse.Namespace, seq_len: int) -> list[Contestant]:
-    from pretrain.model.transformer import Transformer
 
     cfg = llama_config(
         args.d_model,
@@ -110,7 +111,7 @@ def _contestants(args: argparse.Namespace, seq_len: int) -> list[Contestant]:
         compiled_model = variant(base)
         compiled = torch.compile(compiled_model)
         out.append(
-            Contestant("ours, compiled", compiled_model, lambda x, y: compiled(x, targets=y))
+            Contestant("ours, compiled", compiled_model, lambda x, y: compiled(x, targets=y).loss)
         )
     return out
 
@@ -207,7 +208,7 @@ def race(args: argparse.Namespace, precision: str) -> dict:
     }
 
 
-def report(r: dict, clock: str) -> str:
+def format_result(r: dict, clock: str) -> str:
     lines = [
         f"\n{r['precision']}{' autocast' if r['precision'] == 'bf16' else ''}: "
         f"{r['parameters'] / 1e6:.1f}M parameters, batch {r['batch']} x {r['seq_len']} tokens, "
@@ -247,11 +248,9 @@ def run(args: argparse.Namespace) -> None:
     results = []
     for precision in args.precisions:
         r = race(args, precision)
-        print(report(r, args.clock), flush=True)
+        print(format_result(r, args.clock), flush=True)
         results.append(r)
     if args.json:
-        from pretrain.run_layout import atomic_write
-
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps({"threads": args.threads, "results": results}, indent=2))

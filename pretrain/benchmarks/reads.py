@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.config import DataConfig
+
 MODES = ("readahead", "random", "file")
 
 
@@ -95,7 +97,6 @@ def _drop(path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pretrain.config import DataConfig
     from pretrain.data.dataset import build_datasets
 
     gb = 200.0 if args.full else args.gb

@@ -20,6 +20,9 @@ from pathlib import Path
 import torch
 
 from pretrain.config import Config, from_dict, load_config, load_model_config, to_dict
+from pretrain.data.pipeline import DataSource
+from pretrain.run_layout import read_metrics
+from pretrain.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,10 +114,6 @@ def build_config(args: argparse.Namespace, run_dir: str, world_size: int) -> Con
 
 def run(args: argparse.Namespace) -> None:
     import os
-
-    from pretrain.data.pipeline import DataSource
-    from pretrain.run_layout import read_metrics
-    from pretrain.train.trainer import train
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     with tempfile.TemporaryDirectory() as tmp:

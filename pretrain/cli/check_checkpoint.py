@@ -20,12 +20,13 @@ import sys
 from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.run_layout import (
-    CHECKPOINTS_DIR,
-    DELETING_SUFFIX,
-    TMP_SUFFIX,
-    UNVERIFIED,
-    is_unverified,
+from pretrain.integrity import UNVERIFIED, is_unverified
+from pretrain.run_layout import CHECKPOINTS_DIR, DELETING_SUFFIX, TMP_SUFFIX
+from pretrain.train.checkpoint import (
+    CheckpointError,
+    complete_tags,
+    find_resume_tag,
+    verify_checkpoint,
 )
 
 
@@ -39,13 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         "--size-only", action="store_true", help="compare sizes only (fast); by default CRC-32s too"
     )
     args = parser.parse_args(argv)
-
-    from pretrain.train.checkpoint import (
-        CheckpointError,
-        complete_tags,
-        find_resume_tag,
-        verify_checkpoint,
-    )
 
     path = Path(args.run)
     ckpts = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pretrain.analysis.model_info import format_info, format_info_table, model_info
 from pretrain.analysis.presets import load_preset, preset_names
-from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.cli.errors import ArgumentParser, add_set_option, user_errors
 
 
 @user_errors
@@ -28,14 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--all", action="store_true", help="every preset in configs/models, as a markdown table"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a model field, e.g. --set rope_fraction=0.1 (repeatable)",
-    )
+    add_set_option(p, "rope_fraction=0.1")
     p.add_argument(
         "--seq-len",
         type=int,

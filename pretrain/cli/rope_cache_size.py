@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fractions = fractions or list(rc.DEFAULT_FRACTIONS)
     rows = rc.cache_table(head_dim, seq_lens, fractions, args.precision, layers)
-    print(rc.format_table(rows, seq_lens, head_dim, args.precision, layers, args.units))
+    print(rc.format_cache_table(rows, seq_lens, head_dim, args.precision, layers, args.units))
     if args.plot:
         path = rc.plot_cache(head_dim, fractions, args.precision, layers, max(seq_lens), args.plot)
         print(f"\nwrote {path}")

@@ -16,13 +16,13 @@ import signal
 import sys
 from pathlib import Path
 
-from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.cli.errors import ArgumentParser, add_set_option, user_errors
 from pretrain.config import ConfigError
 from pretrain.sweep import (
     budget_warnings,
     char_configs,
     check_configs,
-    format_table,
+    format_run_table,
     paper_runs,
     run_dir_of,
     stale_files,
@@ -52,14 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
     p = sub.add_parser("run-dir", help="print the run folder (logging.run_dir) of a config")
     p.add_argument("config", help="run config YAML")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an override as given to pretrain/main.py (repeatable)",
-    )
+    add_set_option(p, "train.train_iters=100")
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "run-dir":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -103,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{len(paper_runs())} paper runs and {len(char_configs())} char configs match the grid"
             )
         elif args.command == "list":
-            print(format_table(markdown=args.markdown))
+            print(format_run_table(markdown=args.markdown))
         else:
             # Arguments meant for main.py other than --set (e.g. --print-config) are ignored.
             print(run_dir_of(args.config, args.overrides))

@@ -5,7 +5,6 @@ checks the tokenizer against the model's vocabulary."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,8 @@ from typing import Any, Protocol
 import torch
 
 from pretrain.config import Config
-from pretrain.config_checks import check_vocab
+from pretrain.config_checks import check_data_paths, check_vocab
+from pretrain.data.recipes import prepare_stdlib_corpus
 
 
 class RankInfo(Protocol):
@@ -85,8 +85,6 @@ def prepare_recipe_data(cfg: Config, env: RankInfo) -> None:
         return
     target = Path(cfg.data.train[0])
     if env.is_main:
-        from pretrain.data.recipes import prepare_stdlib_corpus
-
         if not target.exists():
             print(f"preparing the {cfg.data.recipe!r} corpus in {target} (once)", flush=True)
         prepare_stdlib_corpus(target)
@@ -95,7 +93,6 @@ def prepare_recipe_data(cfg: Config, env: RankInfo) -> None:
 
 def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     """megatron-core indexed datasets through pretrain.data.dataset, and their tokenizer."""
-    from pretrain.config_checks import check_data_paths
     from pretrain.data import dataset
 
     if cfg.data.recipe is not None:  # check_run checked the paths of prepared data
@@ -116,22 +113,4 @@ def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     return DataSource(train, valid, dataset.make_loader, tokenizer)
 
 
-def text_per_token(tok, valid, n: int = 256) -> dict[str, float]:
-    """UTF-8 bytes (and, for a character-level tokenizer, characters) per token of the
-    validation data, measured once at start for bits per byte / per character."""
-    if tok is None or valid is None:
-        return {}
-    from pretrain.eval.metrics import bytes_per_token
-
-    units = {"bytes_per_token": "byte"}
-    if getattr(tok, "kind", None) == "chars":
-        units["chars_per_token"] = "char"
-    out = {}
-    for key, unit in units.items():
-        with contextlib.suppress(ValueError, NotImplementedError):
-            ids = (valid[i]["input_ids"] for i in range(min(n, len(valid))))
-            out[key] = bytes_per_token(tok, ids, unit)
-    return out
-
-
-__all__ = ["DataSource", "build_data", "prepare_recipe_data", "text_per_token"]
+__all__ = ["DataSource", "build_data", "prepare_recipe_data"]

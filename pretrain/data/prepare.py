@@ -46,7 +46,6 @@ import numpy as np
 
 from pretrain.data.megatron_compat import import_quietly
 from pretrain.data.sources import (
-    SourceError,
     Unit,
     count_units,
     expand_inputs,
@@ -55,7 +54,7 @@ from pretrain.data.sources import (
     open_source,
     read_unit,
 )
-from pretrain.data.tokenizer import Tokenizer, TokenizerError, load_tokenizer
+from pretrain.data.tokenizer import Tokenizer, load_tokenizer
 from pretrain.errors import UserError
 from pretrain.run_layout import atomic_write
 

@@ -15,13 +15,15 @@ for a byte-level model bits per byte = bits per token.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-IGNORE_INDEX = -100
+from pretrain.model.loss import IGNORE_INDEX
+
 LN2 = math.log(2.0)
 
 
@@ -63,7 +65,7 @@ def evaluate_loss(
             n = (labels != IGNORE_INDEX).sum()
             if int(n) == 0:
                 continue
-            loss = model(input_ids, labels)
+            loss = model(input_ids, labels).loss
             # The model's loss is a mean over this batch's targets; weight it by their count.
             nll += loss.double() * n
             count += n
@@ -141,4 +143,26 @@ def bytes_per_token_of_texts(tokenizer: Any, texts: Iterable[str], unit: str = "
     return n_units / n_tokens
 
 
-__all__ = ["bytes_per_token", "bytes_per_token_of_texts", "evaluate_loss", "loss_metrics"]
+def text_per_token(tok, valid, n: int = 256) -> dict[str, float]:
+    """UTF-8 bytes (and, for a character-level tokenizer, characters) per token of the
+    validation data, measured once at start for bits per byte / per character."""
+    if tok is None or valid is None:
+        return {}
+    units = {"bytes_per_token": "byte"}
+    if getattr(tok, "kind", None) == "chars":
+        units["chars_per_token"] = "char"
+    out = {}
+    for key, unit in units.items():
+        with contextlib.suppress(ValueError, NotImplementedError):
+            ids = (valid[i]["input_ids"] for i in range(min(n, len(valid))))
+            out[key] = bytes_per_token(tok, ids, unit)
+    return out
+
+
+__all__ = [
+    "bytes_per_token",
+    "bytes_per_token_of_texts",
+    "evaluate_loss",
+    "loss_metrics",
+    "text_per_token",
+]

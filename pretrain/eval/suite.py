@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import ConfigError
+from pretrain.config import ConfigError, DataConfig, from_dict
 from pretrain.errors import UserError
+from pretrain.eval.metrics import bytes_per_token, evaluate_loss
 from pretrain.eval.tables import fmt, markdown_table, paper_tables
 from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
@@ -205,10 +206,8 @@ def evaluate_validation(
     """Validation loss and bits per token/byte of the run's validation split (or `valid_data`)."""
     import torch
 
-    from pretrain.config import DataConfig, from_dict
     from pretrain.data.dataset import build_datasets
     from pretrain.eval.harness import load_checkpoint
-    from pretrain.eval.metrics import bytes_per_token, evaluate_loss
 
     model, tok, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
     data = from_dict(DataConfig, config.get("data"), "data")

@@ -12,6 +12,7 @@ import yaml
 
 from pretrain.data.tokenizer import Tokenizer
 from pretrain.model.transformer import Transformer
+from pretrain.model.weights import CHECKPOINTS_DIR
 from pretrain.run_layout import CONFIG_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,6 @@ def run_info(weights_dir: str | Path) -> RunInfo:
     """Training and evaluation facts of a weights folder, read from the run's files when present:
     the run config, the checkpoint's marker and RUN/eval/<step>/ (tools/evaluate.py)."""
     from pretrain.eval.suite import RESULTS_JSON, VALID_JSON, default_output_dir
-    from pretrain.model.weights import CHECKPOINTS_DIR
 
     wdir = Path(weights_dir)
     info = RunInfo(source=str(wdir))

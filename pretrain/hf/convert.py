@@ -30,6 +30,7 @@ import torch
 
 from pretrain.config import ConfigError, ModelConfig, from_dict
 from pretrain.errors import UserError
+from pretrain.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +463,6 @@ def _neox_qkv(t: torch.Tensor, cfg: ModelConfig, to_hf: bool) -> torch.Tensor:
 
 def our_tensor_names(cfg: ModelConfig) -> list[str]:
     """The names of our model's state dict for `cfg` (lm_head left out when tied)."""
-    from pretrain.model.transformer import Transformer
 
     with torch.device("meta"):
         names = list(Transformer(cfg).state_dict())

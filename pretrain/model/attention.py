@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,6 +66,9 @@ class Attention(nn.Module):
         )
         self.dropout = cfg.dropout
         self.softcap = cfg.attn_logit_softcap
+        # The kernel, as F.scaled_dot_product_attention's signature; None = that function
+        # (Transformer.set_attention_fn; the planner puts FlashAttention's memory here).
+        self.attention_fn: Callable[..., torch.Tensor] | None = None
 
     def heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, H, T, D), k and v (B, KV, T, D) of the input x (B, T, d_model): projected,
@@ -108,7 +113,8 @@ class Attention(nn.Module):
                 mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
             y = softcapped_attention(q, k, v, mask, self.softcap, dropout)
         else:
-            y = F.scaled_dot_product_attention(
+            sdpa = self.attention_fn or F.scaled_dot_product_attention
+            y = sdpa(
                 q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout, enable_gqa=KV != H
             )
         y = y.transpose(1, 2).reshape(B, T, H * D)

@@ -26,15 +26,14 @@ matmul per row as before.
 
 `backend`: "chunked" (this file, any device) or "liger" (liger-kernel's fused Triton kernel,
 CUDA only; on CPU tensors, or when liger-kernel is not installed, the chunked path runs).
-None = the environment variable PRETRAIN_LOSS_BACKEND, default "chunked". Liger is opt-in:
-its bf16 gradients accumulate differently, it is not checked here (no GPU), and the
-planner (pretrain/plan.py) traces the chunked path's memory.
+The config chooses it (`train.loss_backend`, default "chunked"). Liger is opt-in: its bf16
+gradients accumulate differently, it is not checked here (no GPU), and the planner
+(pretrain/planner/) traces the chunked path's memory.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -140,22 +139,20 @@ def linear_cross_entropy(
     targets: torch.Tensor,
     ignore_index: int = IGNORE_INDEX,
     chunk_tokens: int | None = None,
-    backend: str | None = None,
+    backend: str = "chunked",
     z_loss: float = 0.0,
-) -> torch.Tensor:
-    """Mean cross-entropy (fp32 scalar) of `hidden @ weight.T` against `targets`.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, z term): the mean cross-entropy (fp32 scalar) of `hidden @ weight.T` against
+    `targets`, plus the z term, and the z term alone, detached (0 when `z_loss` is 0).
 
     hidden: (..., d) final hidden states; weight: (V, d) output matrix (no bias); targets:
-    (...) token ids, `ignore_index` = not scored. Equal to the unfused
+    (...) token ids, `ignore_index` = not scored. The cross-entropy equals the unfused
     `F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1))`.
-    With `z_loss` > 0 (chunked backend only) it returns (cross-entropy + z term, z term), the
-    z term being z_loss x the mean over scored tokens of logsumexp(logits)^2 (PaLM).
+    The z term (chunked backend only) is z_loss x the mean over scored tokens of
+    logsumexp(logits)^2 (PaLM).
     """
-    backend = backend or os.environ.get("PRETRAIN_LOSS_BACKEND", "chunked")
     if backend not in BACKENDS:
-        raise ValueError(
-            f"loss backend {backend!r} (PRETRAIN_LOSS_BACKEND) is unknown; use 'chunked' or 'liger'"
-        )
+        raise ValueError(f"train.loss_backend={backend!r} is unknown; use 'chunked' or 'liger'")
     if backend == "liger" and _liger_available(hidden) and not z_loss:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
@@ -163,7 +160,8 @@ def linear_cross_entropy(
         out = liger_fused_linear_cross_entropy(
             hidden.reshape(-1, d), weight, targets.reshape(-1), ignore_index=ignore_index
         )
-        return (out[0] if isinstance(out, tuple) else out).float()
+        loss = (out[0] if isinstance(out, tuple) else out).float()
+        return loss, loss.new_zeros(())
     n_tokens = targets.numel()
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], n_tokens)
     grad_on = torch.is_grad_enabled()
@@ -177,7 +175,7 @@ def linear_cross_entropy(
         grad_on and weight.requires_grad,
         float(z_loss),
     )
-    return (loss, z_term) if z_loss else loss
+    return loss, z_term
 
 
 def reference_cross_entropy(

@@ -4,7 +4,7 @@
     false, "none", 0      keep every layer's activations for the backward (fastest, most memory)
     true, "full"          recompute every block in the backward (least memory, ~+30% FLOPs)
     N (1 .. n_layers)     recompute the first N blocks, keep the others
-    "auto"                the planner (pretrain/plan.py) picks the smallest N whose step fits
+    "auto"                the planner (pretrain/planner/) picks the smallest N whose step fits
                           the GPU's memory, at start (docs/performance.md)
 
 Why the *first* N: a block's saved activations live from its forward until its backward,

@@ -8,6 +8,8 @@ Parameter names (used by checkpoints and the Hugging Face converters):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,11 +18,20 @@ from torch.utils.checkpoint import checkpoint
 
 from pretrain.config import ModelConfig
 from pretrain.model.attention import Attention, KVCache
-from pretrain.model.loss import linear_cross_entropy
+from pretrain.model.loss import IGNORE_INDEX, linear_cross_entropy
 from pretrain.model.norm import make_norm
 from pretrain.model.rope import RotaryEmbedding
 
-IGNORE_INDEX = -100
+
+class LossOutput(NamedTuple):
+    """What the model returns with targets."""
+
+    loss: torch.Tensor  # mean cross-entropy plus the z term: what the backward differentiates
+    z_loss: torch.Tensor  # the z term alone, detached, for logging (0 without z-loss)
+
+
+# (hidden, output weight, targets, ignore_index, z_loss) -> (loss, detached z term)
+LossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 class MLP(nn.Module):
@@ -78,7 +89,9 @@ class Transformer(nn.Module):
         # Recompute blocks in the backward to save memory: False/0 none, True all, or an int N
         # = the first N blocks (pretrain/model/recompute.py).
         self.gradient_checkpointing: bool | int = False
-        self.last_z_loss: torch.Tensor | None = None
+        # Injection points: the loss of the output layer (the engine picks the backend, the
+        # planner traces the whole-logits loss) and the attention kernel of every block.
+        self.loss_fn: LossFn = linear_cross_entropy
         self.reset_parameters()
 
     # ------------------------------------------------------------------ initialisation
@@ -148,8 +161,8 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         z_loss: float = 0.0,
-    ) -> torch.Tensor:
-        """Logits (B, T, padded_vocab) or, with `targets`, the mean cross-entropy (fp32).
+    ) -> torch.Tensor | LossOutput:
+        """Logits (B, T, padded_vocab) or, with `targets`, a LossOutput (fp32 scalars).
 
         Targets equal to -100 are ignored. With a `kv_cache`, input_ids continue the cached
         sequence at position kv_cache.pos, and the cache advances. The loss never holds the
@@ -157,18 +170,23 @@ class Transformer(nn.Module):
         at a time (pretrain/model/loss.py), with the same result as
         `F.cross_entropy(logits.float(), targets, ignore_index=-100)`.
 
-        `z_loss` > 0 adds z_loss x mean(logsumexp(logits)^2) to the returned loss (PaLM's
-        z-loss); the added term, detached, is kept in `self.last_z_loss` for logging.
+        `z_loss` > 0 adds z_loss x mean(logsumexp(logits)^2) to the loss (PaLM's z-loss) and
+        returns the added term, detached, beside it.
         """
         hidden = self.hidden_states(input_ids, kv_cache)
         if targets is None:
             return self.lm_head(hidden)
-        if z_loss:
-            loss, self.last_z_loss = linear_cross_entropy(
-                hidden, self.lm_head.weight, targets, IGNORE_INDEX, z_loss=z_loss
-            )
-            return loss
-        return linear_cross_entropy(hidden, self.lm_head.weight, targets, IGNORE_INDEX)
+        loss, z_term = self.loss_fn(
+            hidden, self.lm_head.weight, targets, IGNORE_INDEX, z_loss=z_loss
+        )
+        return LossOutput(loss, z_term)
+
+    def set_attention_fn(self, fn: Callable[..., torch.Tensor] | None) -> None:
+        """Every block's attention kernel, with the signature of
+        F.scaled_dot_product_attention; None = that function (the planner traces FlashAttention's
+        memory through this)."""
+        for block in self.blocks:
+            block.attn.attention_fn = fn
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()

@@ -19,17 +19,15 @@ import torch
 import yaml
 
 from pretrain.config import ConfigError, ModelConfig, from_dict, to_dict, yaml_error_message
+from pretrain.integrity import UNVERIFIED, is_unverified, verify_checkpoint
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     LATEST_FILE,
     STATE_FILE,
-    UNVERIFIED,
     atomic_write,
-    is_unverified,
     step_tag,
-    verify_checkpoint,
 )
 
 log = logging.getLogger(__name__)

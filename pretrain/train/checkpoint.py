@@ -37,46 +37,27 @@ import numpy as np
 import torch
 
 from pretrain.errors import UserError
+from pretrain.integrity import (
+    UNVERIFIED,
+    checkpoint_files,
+    file_record,
+    is_unverified,
+    verify_checkpoint,
+)
 from pretrain.run_layout import (
     DELETING_SUFFIX,
     LATEST_FILE,
     RNG_DIR,
     STATE_FILE,
     TMP_SUFFIX,
-    UNVERIFIED,
+    CheckpointSaveError,
     atomic_write,
-    checkpoint_files,
-    file_record,
     fsync_dir,
-    is_unverified,
     step_tag,
     tag_step,
-    verify_checkpoint,
 )
 from pretrain.train.distributed import barrier
-
-# Fault-injection hooks for tests. "STEP:SECONDS": when saving STEP, rank 0 waits after the
-# files are written and before the folder is committed, so a test can kill it mid-save.
-_PAUSE_ENV = "PRETRAIN_TEST_PAUSE_BEFORE_COMMIT"
-# "POINT:STEP": the process dies (as kill -9 would: no clean-up) at that point of saving STEP.
-_FAULT_ENV = "PRETRAIN_TEST_KILL_DURING_SAVE"
-FAULT_POINTS = (
-    "after_engine_save",
-    "after_weights",
-    "mid_marker",
-    "before_commit",
-    "before_latest",
-    "before_retention",
-)
-
-
-def _fault_at(point: str, step: int) -> bool:
-    return os.environ.get(_FAULT_ENV, "") == f"{point}:{step}"
-
-
-def _fault(point: str, step: int) -> None:
-    if _fault_at(point, step):
-        os._exit(137)
+from pretrain.train.faults import die, fault_point, kill_requested
 
 
 def _fsync_tree(root: Path) -> None:
@@ -139,7 +120,7 @@ def find_resume_tag(
     one process without): the ranks share the files to check and agree on the result.
     A damaged checkpoint is skipped with one warning; when checkpoints exist but none is
     intact, CheckpointError says so. An unverified one (a marker without a file list: see
-    run_layout.is_unverified) is taken, with one warning, when it is the newest not damaged;
+    integrity.is_unverified) is taken, with one warning, when it is the newest not damaged;
     a newer verified one is taken before it. Passing it over for an older verified one would
     throw training away, and hardly happens: file lists came with newer code, so in a run
     that holds both, the verified checkpoints are the newer ones.
@@ -251,11 +232,11 @@ class Checkpointer:
         engine.save_checkpoint(str(self.dir), tag=tmp.name, client_state={}, save_latest=False)
         (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), tmp / RNG_DIR / f"rank_{self.rank:05d}.pt")
-        _fault("after_engine_save", step)
+        fault_point("after_engine_save", step)
         barrier()
         if self.rank == 0:
             write_weights(tmp)
-            _fault("after_weights", step)
+            fault_point("after_weights", step)
         barrier()
         # Sizes and checksums of every file, the ranks sharing the reading.
         files = checkpoint_files(tmp)
@@ -271,25 +252,21 @@ class Checkpointer:
                 "files": dict(sorted(records)),
             }
             text = json.dumps(state, indent=1)
-            if _fault_at("mid_marker", step):  # half the marker on disk, then the kill
+            if kill_requested("mid_marker", step):  # half the marker on disk, then the kill
                 (tmp / STATE_FILE).write_text(text[: len(text) // 2])
-                os._exit(137)
+                die()
             (tmp / STATE_FILE).write_text(text)
             _fsync_tree(tmp)
-            _fault("before_commit", step)
-            pause_step, _, pause_s = os.environ.get(_PAUSE_ENV, "").partition(":")
-            if pause_step and int(pause_step) == step:
-                print(f"[test] pausing {pause_s}s before committing {tag}", flush=True)
-                time.sleep(float(pause_s))
+            fault_point("before_commit", step)
             if final.exists():  # the same step saved again (e.g. after a resume): replace it
                 old = self.dir / (tag + DELETING_SUFFIX)
                 os.rename(final, old)
                 shutil.rmtree(old)
             os.rename(tmp, final)
             fsync_dir(self.dir)
-            _fault("before_latest", step)
+            fault_point("before_latest", step)
             atomic_write(self.dir / LATEST_FILE, tag)
-            _fault("before_retention", step)
+            fault_point("before_retention", step)
             self._retain()
         barrier()
         return final
@@ -325,3 +302,14 @@ class Checkpointer:
                 f"{self.world_size}; random states start afresh (data order is unaffected)"
             )
         return state
+
+
+def save_failed(e: Exception, ckpt_dir: Path, step: int) -> CheckpointSaveError:
+    """The error of a save that failed (disk full, quota, I/O): what failed, that the previous
+    checkpoint is intact, and how to resume."""
+    previous = find_resume_tag(ckpt_dir, "none")
+    return CheckpointSaveError(
+        f"saving checkpoint {step_tag(step)} failed ({type(e).__name__}: {e}); "
+        + (f"the previous checkpoint {previous} is intact: " if previous else "")
+        + "free space (or fix the file system) and run the same command to resume"
+    )

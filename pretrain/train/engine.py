@@ -9,12 +9,17 @@ keys over it for advanced users. The loop that drives the engine is pretrain/tra
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from pretrain.config import Config, ConfigError, deep_merge
 from pretrain.config_checks import grad_accum_steps
+from pretrain.model.loss import linear_cross_entropy
+from pretrain.model.recompute import KEY as RECOMPUTE_KEY
+from pretrain.model.recompute import recompute_layers
 from pretrain.model.transformer import Transformer
 from pretrain.train.schedule import make_scheduler
 
@@ -123,10 +128,31 @@ def param_groups(model: Transformer, cfg: Config) -> list[dict[str, Any]]:
     return groups
 
 
-def build_engine(cfg: Config, world_size: int, device: torch.device):
+# (config, world size, device) -> blocks to recompute: how a program resolves
+# `activation_checkpointing: auto` (pretrain/main.py passes the planner's) before the engine.
+PlanRecompute = Callable[[Config, int, torch.device], int]
+
+
+def resolve_recompute(
+    cfg: Config, world_size: int, device: torch.device, plan: PlanRecompute | None
+) -> int:
+    """Blocks to recompute: the config's number, or what `plan` decides for `auto`."""
+    layers = recompute_layers(cfg.train.activation_checkpointing, cfg.model.n_layers)
+    if layers is not None:
+        return layers
+    if plan is None:
+        raise ConfigError(
+            f"{RECOMPUTE_KEY}='auto' needs the planner: start the run with pretrain/main.py "
+            f"(it plans the recompute), or give a number of layers, 'none' or 'full'"
+        )
+    return plan(cfg, world_size, device)
+
+
+def build_engine(cfg: Config, world_size: int, device: torch.device, recompute: int):
     """The model, built where it trains (an 8B model never sits in host memory), wrapped in a
     DeepSpeed engine with AdamW and our LR schedule. Same seed on every rank: identical
-    initial weights (DeepSpeed also broadcasts them)."""
+    initial weights (DeepSpeed also broadcasts them). `recompute`: the number of blocks whose
+    activations the backward recomputes (auto already resolved)."""
     import logging
 
     import deepspeed
@@ -137,9 +163,9 @@ def build_engine(cfg: Config, world_size: int, device: torch.device):
     torch.manual_seed(t.seed)
     with torch.device(device):
         model = Transformer(cfg.model)
-    from pretrain.plan import resolve_activation_checkpointing  # the planner decides "auto"
-
-    model.gradient_checkpointing = resolve_activation_checkpointing(cfg, world_size, device)
+    model.gradient_checkpointing = recompute
+    if t.loss_backend != "chunked":
+        model.loss_fn = functools.partial(linear_cross_entropy, backend=t.loss_backend)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=build_optimizer(cfg, model, device),
@@ -153,4 +179,12 @@ def build_engine(cfg: Config, world_size: int, device: torch.device):
     return engine
 
 
-__all__ = ["build_engine", "build_optimizer", "deepspeed_config", "optimizer_impl", "param_groups"]
+__all__ = [
+    "PlanRecompute",
+    "build_engine",
+    "build_optimizer",
+    "deepspeed_config",
+    "optimizer_impl",
+    "param_groups",
+    "resolve_recompute",
+]

@@ -106,6 +106,7 @@ class Verdict:
     grad_spike: Spike | None = None
     skipped: bool = False  # no update was applied
     reason: str = ""  # why it was flagged, for the log
+    skipped_total: int = 0  # skipped steps in the run's history, this one included
 
     @property
     def flagged(self) -> bool:
@@ -240,10 +241,15 @@ class StepGuard:
         if v.flagged or skip:
             self.flagged_steps.append((step, data_step))
         self.skipped_total += skip
+        v.skipped_total = self.skipped_total
         return v
 
     def _device(self) -> torch.device:
         return next(self._engine.module.parameters()).device
+
+    def forget_flags(self) -> None:
+        """A rollback answered the episode: its flagged steps no longer count towards another."""
+        self.flagged_steps.clear()
 
     def rollback_due(self, step: int) -> tuple[int, int] | None:
         """(step, data step) of the episode's first flagged step when rollback_after of the

@@ -15,12 +15,11 @@ Each converter follows the dataset's own loading script field by field:
     lambada_standard  cimec/lambada (lambada_test_plain_text.txt, one passage per line)
 
 Usage (writes every task's <task>.jsonl, for `lm_eval --include_path`):
-    python -m pretrain.eval.tasks --data-dir ../shared/data/evals --output DIR [--skip-missing]
+    python tools/prepare_tasks.py --data-dir ../shared/data/evals --output DIR [--skip-missing]
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import logging
@@ -337,39 +336,3 @@ def prepare_task_data(
             )
         out[task] = (path, source)
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--data-dir", required=True, help="folder with the original task files")
-    p.add_argument("--output", required=True, help="folder to write <task>.jsonl into")
-    p.add_argument(
-        "--tasks",
-        default=",".join(TASK_DATA),
-        help="comma-separated tasks (default: all with a local recipe)",
-    )
-    p.add_argument(
-        "--skip-missing",
-        action="store_true",
-        help="skip tasks whose files are missing instead of stopping",
-    )
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    tasks = [t for t in args.tasks.split(",") if t]
-    try:
-        if args.skip_missing:
-            present = []
-            for task in tasks:
-                try:
-                    find_source(task, args.data_dir)
-                    present.append(task)
-                except EvalDataError as e:
-                    log.warning("skipping %s", e)
-            tasks = present
-        done = prepare_task_data(tasks, args.data_dir, args.output)
-    except EvalDataError as e:
-        raise SystemExit(f"error: {e}") from None
-    for task, (path, source) in done.items():
-        print(f"{task:18s} {path}  <- {', '.join(source.files)} ({source.split})")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
+from pretrain.config import Config
+from pretrain.run_layout import RunLayout
+
 if TYPE_CHECKING:
+    from pretrain.train.context import RunContext
     from pretrain.train.spikes import Rollback, Verdict
-    from pretrain.train.trainer import Trainer
 
 
 @dataclass
@@ -28,19 +31,43 @@ class StepOutput:
     first_input: torch.Tensor | None  # this rank's first sequence of the step (for probes)
     log: bool  # a logging step (logging.log_interval, the last step, or stopping)
     verdict: Verdict | None = None  # the loss-spike guard's judgement (pretrain/train/spikes.py)
+    evaluation: dict[str, float] | None = None  # valid/* when the step evaluated (also in scalars)
+    eval_seconds: float = 0.0  # of the step's wall time, spent evaluating
     scalars: dict[str, float] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (tag, text)
 
 
+class Trainer(Protocol):
+    """What a callback may read of the trainer: the config, the run's context (built once at
+    set-up: env, device, data, the training module), the position, the run folder, and a few
+    services. Nothing else: the loop is free to change behind it."""
+
+    cfg: Config
+    run: RunContext  # set before on_train_start (None during on_fit_start)
+    layout: RunLayout
+    step: int  # optimizer steps done
+    consumed: int  # samples of the data stream passed, over all ranks
+    resumed_from: str | None  # the checkpoint tag this run resumed from
+    train_started: bool  # on_train_start has fired
+    stop_signal: int | None  # a callback sets it: save and stop after this step
+
+    @property
+    def is_main(self) -> bool: ...
+
+    def log(self, msg: str) -> None: ...
+
+    def save(self) -> Path: ...
+
+
 class Callback:
-    """Override the hooks you need. Each gets the Trainer (its `cfg`, `env`, `step`,
-    `consumed`, `module`, `engine`, `layout`, `is_main`, `log()`, `save()`).
+    """Override the hooks you need. Each gets the trainer, as the `Trainer` protocol above
+    shows it (`cfg`, `run`, `step`, `consumed`, `layout`, `is_main`, `log()`, `save()`, ...).
 
     Order of the hooks in a run:
         on_fit_start      before anything is built (signal handlers belong here)
         on_train_start    model built, checkpoint restored; before the first step
+        on_evaluation     after a step that evaluated, with its valid/* (before its on_step_end)
         on_step_end       after every optimizer step, with its StepOutput
-        on_evaluation     after a validation pass, with its results
         on_save           after a checkpoint is complete, with its folder
         on_rollback       after a rollback restored an earlier checkpoint (spikes.rollback_after),
                           with its Rollback record; trainer.step is the checkpoint's step

@@ -54,14 +54,14 @@ class ConsoleProgress(Callback):
     """Rank 0's console: model and batch at start, `step i/N | loss | lr | ... | ETA`, the end."""
 
     def on_train_start(self, trainer) -> None:
-        cfg, t, m = trainer.cfg, trainer.cfg.train, trainer.module
-        tokens = trainer.tokens_per_step
+        cfg, t, m = trainer.cfg, trainer.cfg.train, trainer.run.module.model
+        tokens = trainer.run.tokens_per_step
         trainer.log(
             f"model: {m.num_params() / 1e6:.2f}M parameters ({m.num_params(True) / 1e6:.2f}M "
             f"without embeddings), rotary dims {cfg.model.rope_dims}/{cfg.model.head_dim}; "
-            f"{trainer.env.world_size} rank(s) on {trainer.device.type}, {t.precision}, "
+            f"{trainer.run.env.world_size} rank(s) on {trainer.run.device.type}, {t.precision}, "
             f"ZeRO-{t.zero_stage}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
-            f"{trainer.grad_accum} accumulation x {trainer.env.world_size} ranks; "
+            f"{trainer.run.grad_accum} accumulation x {trainer.run.env.world_size} ranks; "
             f"{tokens:,} tokens/step x {t.train_iters:,} steps = "
             f"{format_tokens(tokens * t.train_iters)} tokens"
         )
@@ -76,7 +76,9 @@ class ConsoleProgress(Callback):
         s = out.scalars
         tps, mfu = s.get("perf/tokens_per_s", float("nan")), s.get("perf/mfu", float("nan"))
         # The peak is a GPU's (logging.peak_tflops); measured against a CPU it means nothing.
-        mfu_text = f"MFU {100 * mfu:.1f}%" if trainer.device.type == "cuda" else "MFU n/a on CPU"
+        mfu_text = (
+            f"MFU {100 * mfu:.1f}%" if trainer.run.device.type == "cuda" else "MFU n/a on CPU"
+        )
         eta = s.get("perf/step_time_s", float("nan")) * (trainer.cfg.train.train_iters - out.step)
         gnorm = out.grad_norm if out.grad_norm is not None else float("nan")
         trainer.log(
@@ -94,10 +96,10 @@ class Samples(Callback):
     """Rank 0 samples a continuation of each of logging.sample_prompts when training ends."""
 
     def on_fit_end(self, trainer, exit_code: int | None) -> None:
-        cfg, tok = trainer.cfg, trainer.data.tokenizer if trainer.data else None
+        cfg, tok = trainer.cfg, trainer.run.data.tokenizer if trainer.run else None
         if exit_code != 0 or not trainer.train_started or not trainer.is_main or tok is None:
             return
-        gen = torch.Generator(device=trainer.device).manual_seed(cfg.train.seed)
+        gen = torch.Generator(device=trainer.run.device).manual_seed(cfg.train.seed)
         print("samples:", flush=True)
         with torch.no_grad():
             for prompt in cfg.logging.sample_prompts:
@@ -105,8 +107,8 @@ class Samples(Callback):
                 room = cfg.seq_len - len(ids)  # positions the model was trained on
                 if not ids or room <= 0:
                     continue
-                out = trainer.module.generate(
-                    torch.tensor([ids], device=trainer.device),
+                out = trainer.run.module.model.generate(
+                    torch.tensor([ids], device=trainer.run.device),
                     max_new_tokens=min(200, room),
                     temperature=0.8,
                     top_k=50,

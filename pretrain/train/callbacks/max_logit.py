@@ -18,7 +18,7 @@ class MaxLogitMonitor(Callback):
     def on_step_end(self, trainer, out: StepOutput) -> None:
         if out.step % self.interval or out.first_input is None:
             return
-        logits = max_attention_logits(trainer.module, out.first_input)
+        logits = max_attention_logits(trainer.run.module.model, out.first_input)
         for i, v in enumerate(logits):
             out.scalars[f"stability/max_attn_logit/layer_{i:02d}"] = v
         out.scalars["stability/max_attn_logit"] = max(logits)

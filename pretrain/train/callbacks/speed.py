@@ -31,23 +31,26 @@ class SpeedMonitor(Callback):
     """
 
     def on_train_start(self, trainer) -> None:
-        self.flops_per_token = trainer.module.flops_per_token(trainer.cfg.seq_len)
-        self.peak = trainer.cfg.logging.peak_tflops * 1e12 * trainer.env.world_size
+        self.flops_per_token = trainer.run.module.model.flops_per_token(trainer.cfg.seq_len)
+        self.peak = trainer.cfg.logging.peak_tflops * 1e12 * trainer.run.env.world_size
         self._reset()
         self.window_start, self.steps = time.perf_counter(), 0
 
     def _reset(self) -> None:
-        self.t0, self.tokens = time.perf_counter(), 0
+        self.t0, self.tokens, self.eval_seconds = time.perf_counter(), 0, 0.0
 
     def on_step_end(self, trainer, out: StepOutput) -> None:
         self.tokens += out.tokens
         self.steps += 1
+        self.eval_seconds += out.eval_seconds  # inside the step's wall time, not training
         out.scalars["progress/batch_token_sum"] = out.batch_token_sum
         if not out.log:
             return
-        tps = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        tps = self.tokens / max(time.perf_counter() - self.t0 - self.eval_seconds, 1e-9)
         self._reset()
-        step_time = (time.perf_counter() - self.window_start) / max(1, self.steps)
+        step_time = (time.perf_counter() - self.window_start - out.eval_seconds) / max(
+            1, self.steps
+        )
         self.window_start, self.steps = time.perf_counter(), 0
         out.scalars.update(
             {
@@ -56,15 +59,12 @@ class SpeedMonitor(Callback):
                 if self.peak > 0
                 else float("nan"),
                 "perf/step_time_s": step_time,
-                "perf/peak_memory_gib": peak_memory_gib(trainer.device),
+                "perf/peak_memory_gib": peak_memory_gib(trainer.run.device),
                 "progress/samples": trainer.consumed,
                 "progress/tokens": trainer.consumed * trainer.cfg.seq_len,
-                "stability/param_norm": parameter_norm(trainer.module),
+                "stability/param_norm": parameter_norm(trainer.run.module.model),
             }
         )
-
-    def on_evaluation(self, trainer, results) -> None:
-        self._reset()
 
     def on_save(self, trainer, folder) -> None:
         self._reset()

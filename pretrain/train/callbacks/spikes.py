@@ -52,12 +52,12 @@ class SpikeMonitor(Callback):
             )
         if v.skipped:
             sc["spikes/skipped"] = 1.0
-            sc["spikes/skipped_steps"] = float(trainer.guard.skipped_total)
+            sc["spikes/skipped_steps"] = float(v.skipped_total)
             lines.append(
                 f"step {v.step} skipped: no update applied ({v.reason}; data step {v.data_step})"
             )
         elif out.log:
-            sc["spikes/skipped_steps"] = float(trainer.guard.skipped_total)
+            sc["spikes/skipped_steps"] = float(v.skipped_total)
         for line in lines:
             trainer.log("warning: " + line)
             out.events.append(("spikes", line))

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from pretrain.config import to_dict
 from pretrain.run_layout import atomic_write, read_metrics
 from pretrain.train.callbacks.base import Callback, StepOutput
 
@@ -89,7 +90,9 @@ class TensorBoard(Callback):
         )
         if trainer.step == 0:
             self.writer.add_text(
-                "config", "```\n" + yaml.safe_dump(trainer.resolved, sort_keys=False) + "\n```", 0
+                "config",
+                "```\n" + yaml.safe_dump(to_dict(trainer.cfg), sort_keys=False) + "\n```",
+                0,
             )
 
     def on_step_end(self, trainer, out: StepOutput) -> None:
@@ -150,7 +153,7 @@ class WandbLogger(Callback):
             id=self.run_id,
             resume="allow",
             dir=str(trainer.layout.root),
-            config=trainer.resolved,
+            config=to_dict(trainer.cfg),
             **opts,
         )
 

@@ -1,15 +1,4 @@
-"""Command lines of tools/export_hf.py and tools/import_hf.py."""
-
-from __future__ import annotations
-
-import argparse
-import logging
-import sys
-from pathlib import Path
-
-from pretrain.cli.errors import ArgumentParser, user_errors
-
-EXPORT_DOC = """Export a checkpoint to a Hugging Face folder that transformers loads.
+"""Export a checkpoint to a Hugging Face folder that transformers loads.
 
     python tools/export_hf.py --run runs/pythia1b_rope10 --out exports/pythia1b_rope10 --check
     python -c "from transformers import AutoModelForCausalLM as M; \\
@@ -26,16 +15,19 @@ training tokens and evaluation results. --check loads the folder with transforme
 compares logits with the toolkit's model.
 """
 
-IMPORT_DOC = """Import a Hugging Face folder back into a toolkit weights folder.
+from __future__ import annotations
 
-    python tools/import_hf.py --hf exports/pythia1b_rope10 --out runs/imported/pythia1b_rope10
-    python tools/evaluate.py --run runs/imported/pythia1b_rope10 --tasks piqa
+import argparse
+import logging
+import sys
 
-Reads folders written by tools/export_hf.py (exactly: same weights, same config, same
-tokenizer) and native Llama / GPT-NeoX folders (e.g. EleutherAI's Pythia). No code from
-the folder is run. Writes the weights, the run config and tokenizer/ (when the folder
-has a tokenizer.json), what evaluation and export read.
-"""
+from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.data.tokenizer import load_tokenizer
+from pretrain.hf.card import run_info, write_card
+from pretrain.hf.check import DEFAULT_TOLERANCE, check_parity
+from pretrain.hf.convert import TARGETS
+from pretrain.hf.folder import export_hf
+from pretrain.model.weights import find_weights_dir, load_weights
 
 
 def _fail(message: str) -> int:
@@ -44,13 +36,10 @@ def _fail(message: str) -> int:
 
 
 @user_errors
-def export_main(argv: list[str] | None = None) -> int:
-    from pretrain.hf.check import DEFAULT_TOLERANCE
-    from pretrain.hf.convert import TARGETS
-
+def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
         prog="export_hf.py",
-        description=EXPORT_DOC,
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -103,12 +92,6 @@ def export_main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pretrain.data.tokenizer import load_tokenizer
-    from pretrain.hf.card import run_info, write_card
-    from pretrain.hf.check import check_parity
-    from pretrain.hf.folder import export_hf
-    from pretrain.model.weights import find_weights_dir, load_weights
-
     wdir = find_weights_dir(args.run, args.step)
     model, _ = load_weights(wdir)
     tok = None
@@ -150,32 +133,5 @@ def export_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-@user_errors
-def import_main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(
-        prog="import_hf.py",
-        description=IMPORT_DOC,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--hf", required=True, help="Hugging Face model folder (config.json + safetensors)"
-    )
-    p.add_argument("--out", required=True, help="weights folder to write")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-
-    from pretrain.hf.folder import read_hf_folder
-    from pretrain.model.weights import save_weights
-
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        return _fail(f"{out} exists and is not an empty folder; choose a new one")
-    model, tok, _ = read_hf_folder(args.hf)
-    save_weights(model, out)
-    if tok is not None:
-        tok.save(out / "tokenizer")
-    print(
-        f"imported {args.hf} ({model.cfg.n_layers} layers, {model.num_params():,} parameters) to {out}"
-        + ("" if tok is not None else " (no tokenizer.json in the folder: no tokenizer/)")
-    )
-    return 0
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Memory and FLOP plan of a training run: will it fit, with what, and how long will it take.
+
+    python tools/plan.py configs/paper/llama1b_rope10.yaml --gpu h200 --gpus 32
+    python tools/plan.py CONFIG --gpu h100 --checkpointing auto     # least recompute that fits
+    python tools/plan.py --validate                                  # predicted vs CPU allocator
+
+How the memory is found (no GPU needed):
+
+1. The model's step is *traced*: the real model code runs on fake tensors
+   (`torch._subclasses.FakeTensorMode`: shapes, dtypes and storages, no data), in bf16 as
+   DeepSpeed runs it, and a `TorchDispatchMode` does live-tensor accounting: every storage
+   an operator creates is added when it appears and subtracted when it dies (a weak
+   reference on the storage), so the running maximum is the peak of what the step keeps
+   alive. One trace per phase: forward + backward of a micro batch (with the chosen
+   activation checkpointing and the chunked loss), the evaluation forward (no gradients)
+   and the max-logit probe.
+2. On a GPU, attention runs FlashAttention-2 (`F.scaled_dot_product_attention` on Hopper),
+   whose kernels allocate inside the operator; for a GPU plan the trace replaces SDPA by a
+   stand-in with FlashAttention-2's allocations (torch's flash_api.cpp): the output and an
+   fp32 log-sum-exp saved for the backward; in the backward dq/dk/dv, an fp32 dq
+   accumulator (B, T, H, D), the fp32 softmax row sums, and with GQA the expanded dk/dv
+   (B, T, H, D) before they are summed over each group.
+3. DeepSpeed's own buffers are added from its source (deepspeed 0.19, see
+   `deepspeed_memory`): for BF16 with FP32 gradient accumulation at ZeRO-1 (the paper's
+   1B runs) `BF16_Optimizer` keeps the flat bf16 parameters, each parameter's bf16
+   gradient (zeroed, never freed, between steps: `immediate_grad_update` is off), a
+   *full* fp32 gradient buffer (`fp32_groups_gradients_flat`), and the rank's 1/N of fp32
+   master weights and Adam's two moments; after each backward it adds every bf16 gradient
+   into the fp32 buffer through an fp32 copy of that gradient. With BF16 accumulation
+   (8B) `DeepSpeedZeroOptimizer` keeps bf16 gradients and allocates a contiguous reduce
+   bucket of `reduce_bucket_size` (5e8) elements in every backward.
+4. Peak = state between steps + the largest transient (forward/backward, after backward,
+   optimizer step). A GPU "fits" when peak + reserve <= its memory; the reserve (2 GiB +
+   5% of the GPU) covers what torch's allocator does not count (CUDA context, NCCL's
+   buffers) and the caching allocator's fragmentation.
+
+Checked on CPU: `validate()` runs a real DeepSpeed step of small models (Llama GQA,
+Pythia parallel, QK-Norm) and compares the plan for the CPU (native SDPA, torch's AdamW)
+with the peak of the CPU allocator as torch's profiler reports it (every allocation and
+free of c10's CPU allocator with the running total), after a warm-up step.
+"""
+
+from __future__ import annotations
+
+from pretrain.planner.deepspeed_buffers import (
+    DeepSpeedMemory,
+    deepspeed_memory,
+)
+from pretrain.planner.gpus import (
+    CUBLAS_WORKSPACE,
+    DEFAULT_MFU,
+    GPU,
+    GPUS,
+    MIN_MICRO_TOKENS,
+    REDUCE_BUCKET,
+    GiB,
+    default_reserve,
+    parse_gpu,
+)
+from pretrain.planner.paper import (
+    PAPER_PLAN,
+    SLURM_MARGIN,
+    SLURM_MAX_HOURS,
+    paper_plan,
+    paper_table,
+    plan_paper_run,
+    slurm_hours,
+    time_limit_hours,
+)
+from pretrain.planner.search import (
+    Plan,
+    choose,
+    flops_per_token,
+    largest_micro_batch,
+    least_recompute,
+    micro_batch_candidates,
+    plan_run,
+    resolve_activation_checkpointing,
+)
+from pretrain.planner.trace import (
+    LiveTensors,
+    Trace,
+    cpu_kernel_workspace,
+    trace_eval,
+    trace_step,
+    trace_train,
+)
+from pretrain.planner.validation import (
+    LAST_MEASUREMENT,
+    VALIDATION_SHAPES,
+    VALIDATION_TOLERANCE,
+    Validation,
+    allocated_over_time,
+    cpu_kernel_path,
+    live_at,
+    measure_cpu_step,
+    one_rank_all_reduce_inline,
+    pinned_cpu_kernels,
+    validate,
+    validation_config,
+)
+
+__all__ = [
+    "CUBLAS_WORKSPACE",
+    "DEFAULT_MFU",
+    "DeepSpeedMemory",
+    "GPU",
+    "GPUS",
+    "GiB",
+    "LAST_MEASUREMENT",
+    "LiveTensors",
+    "MIN_MICRO_TOKENS",
+    "PAPER_PLAN",
+    "Plan",
+    "REDUCE_BUCKET",
+    "SLURM_MARGIN",
+    "SLURM_MAX_HOURS",
+    "Trace",
+    "VALIDATION_SHAPES",
+    "VALIDATION_TOLERANCE",
+    "Validation",
+    "allocated_over_time",
+    "choose",
+    "cpu_kernel_path",
+    "cpu_kernel_workspace",
+    "deepspeed_memory",
+    "default_reserve",
+    "flops_per_token",
+    "largest_micro_batch",
+    "least_recompute",
+    "live_at",
+    "measure_cpu_step",
+    "micro_batch_candidates",
+    "one_rank_all_reduce_inline",
+    "paper_plan",
+    "paper_table",
+    "parse_gpu",
+    "pinned_cpu_kernels",
+    "plan_paper_run",
+    "plan_run",
+    "resolve_activation_checkpointing",
+    "slurm_hours",
+    "time_limit_hours",
+    "trace_eval",
+    "trace_step",
+    "trace_train",
+    "validate",
+    "validation_config",
+]

@@ -1,0 +1,363 @@
+"""The plan of a run (memory, FLOPs, time) and the search for what fits: the micro batch and
+the least recompute; `resolve_activation_checkpointing` decides `auto` for a program.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pretrain.config import Config, ConfigError, ModelConfig
+from pretrain.model.recompute import KEY as CKPT_KEY
+from pretrain.model.recompute import describe_recompute, recompute_layers
+from pretrain.model.transformer import Transformer
+from pretrain.planner.deepspeed_buffers import DeepSpeedMemory, deepspeed_memory
+from pretrain.planner.gpus import (
+    CUBLAS_WORKSPACE,
+    DEFAULT_MFU,
+    GPU,
+    MIN_MICRO_TOKENS,
+    GiB,
+    default_reserve,
+)
+from pretrain.planner.trace import Trace, trace_step
+from pretrain.train.engine import param_groups
+
+
+@dataclass
+class Plan:
+    name: str
+    gpu: GPU
+    world_size: int
+    target: str  # "cuda" or "cpu": which kernels the trace follows
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    layers: int  # recomputed blocks
+    n_layers: int
+    optimizer: str
+    static: dict[str, int]  # live between optimizer steps (and during evaluation)
+    grads: int  # parameters' .grad, live during a step before its backward (accumulation > 1)
+    trace: Trace
+    ds: DeepSpeedMemory
+    reserve: int
+    model_flops: float  # per token, forward + backward
+    executed_flops: float  # per token, with recompute
+    tokens_per_step: int
+    steps: int
+    n_params: int
+    notes: list[str] = field(default_factory=list)
+
+    # memory
+    @property
+    def static_bytes(self) -> int:
+        return sum(self.static.values())
+
+    @property
+    def train_peak(self) -> int:
+        # Forward/backward with the step's gradients (if a previous micro batch made them),
+        # then after the backward and in the optimizer step, when the gradients exist.
+        ds = self.ds
+        grads = self.ds.grads
+        return self.static_bytes + max(
+            self.grads + self.trace.train + ds.backward, grads + ds.after_backward, grads + ds.step
+        )
+
+    @property
+    def eval_peak(self) -> int:
+        return self.static_bytes + self.trace.eval
+
+    @property
+    def probe_peak(self) -> int:
+        return self.static_bytes + self.trace.probe
+
+    @property
+    def peak(self) -> int:
+        return max(self.train_peak, self.eval_peak, self.probe_peak)
+
+    @property
+    def usable(self) -> int:
+        return self.gpu.memory - self.reserve
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.usable
+
+    # time
+    @property
+    def recompute_ratio(self) -> float:
+        return self.executed_flops / self.model_flops
+
+    def step_time(self, mfu: float) -> float:
+        """Seconds per optimizer step at `mfu` (model FLOPs / peak FLOP/s of the GPUs)."""
+        return (
+            self.model_flops * self.tokens_per_step / (self.world_size * self.gpu.peak_flops * mfu)
+        )
+
+    def run_time(self, mfu: float) -> float:
+        return self.steps * self.step_time(mfu)
+
+    def gpu_hours(self, mfu: float) -> float:
+        return self.run_time(mfu) * self.world_size / 3600
+
+    def summary(self, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "gpu": self.gpu.name,
+            "gpu_gib": round(self.gpu.gib, 2),
+            "world_size": self.world_size,
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "seq_len": self.seq_len,
+            "activation_checkpointing": self.layers,
+            "checkpointing": describe_recompute(self.layers, self.n_layers),
+            "optimizer": self.optimizer,
+            "static_gib": self.static_bytes / GiB,
+            "static": {k: v / GiB for k, v in self.static.items()},
+            "grads_gib": self.ds.grads / GiB,
+            "train_peak_gib": self.train_peak / GiB,
+            "eval_peak_gib": self.eval_peak / GiB,
+            "probe_peak_gib": self.probe_peak / GiB,
+            "reserve_gib": self.reserve / GiB,
+            "fits": self.fits,
+            "model_flops_per_token": self.model_flops,
+            "executed_flops_per_token": self.executed_flops,
+            "recompute_ratio": self.recompute_ratio,
+            "step_time_s_at_100pct": self.step_time(1.0),
+            "step_time_s": self.step_time(mfu),
+            "run_time_h_at_100pct": self.run_time(1.0) / 3600,
+            "run_time_h": self.run_time(mfu) / 3600,
+            "gpu_hours": self.gpu_hours(mfu),
+            "mfu": mfu,
+            "notes": self.notes,
+        }
+
+
+def _meta_model(cfg: ModelConfig):
+    with torch.device("meta"):
+        return Transformer(cfg)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, layers: int) -> tuple[float, float]:
+    """(model FLOPs per token, executed FLOPs per token with `layers` blocks recomputed).
+
+    Model: `Transformer.flops_per_token` (6 x matmul weights + attention, PaLM's count).
+    A recomputed block runs its forward once more: 2 x its matmul weights + 4 x n_heads x
+    head_dim x seq_len (QK^T and AV) per token.
+    """
+    model = _meta_model(cfg)
+    model_flops = model.flops_per_token(seq_len)
+    block = sum(
+        m.weight.numel() for m in model.blocks[0].modules() if isinstance(m, torch.nn.Linear)
+    )
+    per_block = 2 * block + 4 * cfg.n_heads * cfg.head_dim * seq_len
+    return model_flops, model_flops + layers * per_block
+
+
+def _param_groups(cfg: Config) -> list[list[int]]:
+    model = _meta_model(cfg.model)
+    return [[p.numel() for p in g["params"]] for g in param_groups(model, cfg)]
+
+
+def plan_run(
+    cfg: Config,
+    gpu: GPU,
+    world_size: int,
+    micro_batch: int | None = None,
+    layers: int | None = None,
+    target: str = "cuda",
+    reserve: int | None = None,
+    name: str = "",
+    whole_logits: bool = False,
+) -> Plan:
+    """The plan of `cfg` on `world_size` GPUs (micro batch and recomputed layers as given,
+    else the config's; the config's "auto" must be resolved first: `choose`).
+    `whole_logits`: plan the loss as it was before the chunked one (for comparisons)."""
+    t = cfg.train
+    mb = micro_batch or t.micro_batch_size
+    per_rank = t.global_batch_size // world_size
+    if t.global_batch_size % world_size or per_rank % mb:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by micro batch {mb} x "
+            f"{world_size} GPUs; choose a micro batch that divides {per_rank}"
+        )
+    L = cfg.model.n_layers
+    if layers is None:
+        layers = recompute_layers(t.activation_checkpointing, L)
+        if layers is None:
+            raise ConfigError(f"{CKPT_KEY}='auto': use choose() to pick the layers")
+    seq = cfg.seq_len
+    dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
+    gas = per_rank // mb
+    trace = trace_step(cfg.model, mb, seq, dtype, layers, target, gas > 1, whole_logits)
+    groups = _param_groups(cfg)
+    fused = target == "cuda"
+    ds = deepspeed_memory(
+        groups, world_size, t.precision, t.grad_accum_dtype, t.zero_stage, fused, t.deepspeed
+    )
+    static = dict(ds.static)
+    rope = 2 * cfg.model.max_seq_len * cfg.model.rope_dims * 4
+    static["RoPE cos/sin cache"] = rope
+    if target == "cuda":
+        static["cuBLAS workspaces"] = CUBLAS_WORKSPACE
+    static = {k: v for k, v in static.items() if v}
+    model_flops, executed = flops_per_token(cfg.model, seq, layers)
+    notes = []
+    if t.zero_stage == 2:
+        notes.append("ZeRO-2: DeepSpeed's buffers are estimated from its source, not validated")
+    return Plan(
+        name=name,
+        gpu=gpu,
+        world_size=world_size,
+        target=target,
+        micro_batch=mb,
+        grad_accum=gas,
+        seq_len=seq,
+        layers=layers,
+        n_layers=L,
+        optimizer=ds.optimizer,
+        static=static,
+        grads=ds.grads if gas > 1 else 0,
+        trace=trace,
+        ds=ds,
+        reserve=default_reserve(gpu.memory) if reserve is None else reserve,
+        model_flops=model_flops,
+        executed_flops=executed,
+        tokens_per_step=t.global_batch_size * seq,
+        steps=t.train_iters,
+        n_params=sum(sum(g) for g in groups),
+        notes=notes,
+    )
+
+
+def micro_batch_candidates(cfg: Config, world_size: int, largest: int | None = None) -> list[int]:
+    """Micro batches that keep the global batch (divisors of its per-GPU share), largest
+    first, down to MIN_MICRO_TOKENS tokens (matmuls stay large) and no larger than `largest`."""
+    per_rank = cfg.train.global_batch_size // world_size
+    seq = cfg.seq_len
+    out = [m for m in range(per_rank, 0, -1) if per_rank % m == 0]
+    if largest is not None:
+        out = [m for m in out if m <= largest]
+    keep = [m for m in out if m * seq >= MIN_MICRO_TOKENS]
+    return keep or out[:1]
+
+
+def least_recompute(
+    cfg: Config,
+    gpu: GPU,
+    world_size: int,
+    micro_batch: int,
+    target: str = "cuda",
+    reserve: int | None = None,
+    name: str = "",
+    at_most: int | None = None,
+) -> Plan | None:
+    """The plan with the fewest recomputed blocks (at most `at_most`) that fits at this
+    micro batch; None if none does. Peak memory falls as more blocks recompute, so a
+    binary search over the number of blocks finds it."""
+    hi = cfg.model.n_layers if at_most is None else at_most
+
+    def make(n: int) -> Plan:
+        return plan_run(cfg, gpu, world_size, micro_batch, n, target, reserve, name)
+
+    none = make(0)
+    if none.fits or hi == 0:
+        return none if none.fits else None
+    best = make(hi)
+    if not best.fits:
+        return None
+    lo = 1  # invariant: make(lo - 1) does not fit, make(hi) fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        p = make(mid)
+        if p.fits:
+            hi, best = mid, p
+        else:
+            lo = mid + 1
+    return best
+
+
+def choose(
+    cfg: Config,
+    gpu: GPU,
+    world_size: int,
+    change_micro_batch: bool = True,
+    target: str = "cuda",
+    reserve: int | None = None,
+    name: str = "",
+) -> Plan | None:
+    """The least recompute that fits: over the micro batches that keep the global batch
+    (when `change_micro_batch`, else the config's), the plan with the fewest executed FLOPs;
+    ties go to the larger micro batch. None when nothing fits."""
+    mbs = (
+        micro_batch_candidates(cfg, world_size, cfg.train.micro_batch_size)
+        if change_micro_batch
+        else [cfg.train.micro_batch_size]
+    )
+    best: Plan | None = None
+    for mb in mbs:  # largest first; a smaller micro batch never needs more recompute
+        at_most = best.layers - 1 if best is not None else None
+        if at_most is not None and at_most < 0:
+            break
+        p = least_recompute(cfg, gpu, world_size, mb, target, reserve, name, at_most)
+        if p is not None and (best is None or p.executed_flops < best.executed_flops):
+            best = p
+    return best
+
+
+def largest_micro_batch(
+    cfg: Config,
+    gpu: GPU,
+    world_size: int,
+    layers: int,
+    target: str = "cuda",
+    reserve: int | None = None,
+) -> int | None:
+    """The largest micro batch (a divisor of the per-GPU batch) that fits with `layers`."""
+    per_rank = cfg.train.global_batch_size // world_size
+    cands = sorted(m for m in range(1, per_rank + 1) if per_rank % m == 0)
+    lo, hi, best = 0, len(cands) - 1, None
+    while lo <= hi:  # peak grows with the micro batch
+        mid = (lo + hi) // 2
+        if plan_run(cfg, gpu, world_size, cands[mid], layers, target, reserve).fits:
+            best, lo = cands[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+# ----------------------------------------------------------------------------- for training
+
+
+def resolve_activation_checkpointing(cfg: Config, world_size: int, device: torch.device) -> int:
+    """The number of blocks to recompute for this run; "auto" plans it for this device
+    (at the configured micro batch) and says so on rank 0."""
+    L = cfg.model.n_layers
+    layers = recompute_layers(cfg.train.activation_checkpointing, L)
+    if layers is not None:
+        return layers
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu = GPU(props.name, props.total_memory, 989e12)
+        target = "cuda"
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        gpu, target = GPU("CPU (host memory)", memory, 1e12), "cpu"
+    plan = choose(cfg, gpu, world_size, change_micro_batch=False, target=target)
+    if plan is None:
+        raise ConfigError(
+            f"{CKPT_KEY}='auto': micro batch {cfg.train.micro_batch_size} does not fit "
+            f"{gpu.name} ({gpu.gib:.1f} GiB) even with every block recomputed; lower "
+            f"train.micro_batch_size (tools/plan.py CONFIG --gpu ... shows what fits)"
+        )
+    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if rank0:
+        print(
+            f"activation checkpointing auto: {describe_recompute(plan.layers, L)} "
+            f"(planned peak {plan.peak / GiB:.1f} GiB of {gpu.gib:.1f} GiB on {gpu.name})",
+            flush=True,
+        )
+    return plan.layers

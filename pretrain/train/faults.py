@@ -1,0 +1,107 @@
+"""Fault injection, in one place: what tests and demos break on purpose, and where.
+
+Two kinds:
+
+- **Process faults** for the crash-safety tests: `fault_point(name, step)` marks a point of
+  the code where a test may kill the process (as `kill -9` would: no clean-up) or pause it
+  (so the test can send a signal at a known moment). The tests choose the point through
+  environment variables; production runs never set them, and this is the only module that
+  reads them:
+      PRETRAIN_TEST_KILL_AT=POINT:STEP        die at POINT while at STEP (POINT alone: any step)
+      PRETRAIN_TEST_PAUSE_AT=POINT:STEP:SECS  sleep SECS at POINT while at STEP
+  Points: the phases of a checkpoint save (SAVE_POINTS) and of a rollback (ROLLBACK_POINTS).
+- **Data faults** from the config (`spikes.faults`, pretrain/config.py FaultConfig): a data
+  step's batch corrupted so that the loss-spike guard has something to catch (`DataFaults`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from pretrain.config import FaultConfig
+
+KILL_ENV = "PRETRAIN_TEST_KILL_AT"
+PAUSE_ENV = "PRETRAIN_TEST_PAUSE_AT"
+SAVE_POINTS = (
+    "after_engine_save",
+    "after_weights",
+    "mid_marker",
+    "before_commit",
+    "before_latest",
+    "before_retention",
+)
+ROLLBACK_POINTS = ("rollback_recorded", "rollback_done")
+POINTS = SAVE_POINTS + ROLLBACK_POINTS
+
+
+def kill_requested(name: str, step: int) -> bool:
+    """True when a test asked to die at `name` while at `step` (for a point that must do
+    something first, e.g. write half a file); `fault_point` kills by itself."""
+    assert name in POINTS, name
+    return os.environ.get(KILL_ENV, "") in (name, f"{name}:{step}")
+
+
+def die() -> None:
+    """Exit at once, as kill -9 would: no finally blocks, no atexit, no flushed buffers."""
+    os._exit(137)
+
+
+def fault_point(name: str, step: int) -> None:
+    """Die or pause here when a test asks for this point at this step; nothing otherwise."""
+    if kill_requested(name, step):
+        die()
+    point, _, rest = os.environ.get(PAUSE_ENV, "").partition(":")
+    at, _, seconds = rest.partition(":")
+    if point == name and at == str(step):
+        print(f"[test] pausing {seconds}s at {name} (step {step})", flush=True)
+        time.sleep(float(seconds))
+
+
+class DataFaults:
+    """The config's `spikes.faults`, by data step: which corruption a micro batch gets."""
+
+    def __init__(self, faults: list[FaultConfig], seed: int, vocab_size: int, rank: int):
+        self.by_step = {s: f for f in faults for s in range(f.step, (f.last or f.step) + 1)}
+        self.seed, self.vocab_size, self.rank = seed, vocab_size, rank
+
+    def batch(
+        self, x: torch.Tensor, y: torch.Tensor, data_step: int, micro: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The micro batch as the step trains on it: uniformly random token ids in place of
+        the data for a `noise` fault (the same for a data step on every run of the config)."""
+        fault = self.by_step.get(data_step)
+        if fault is None or fault.kind != "noise":
+            return x, y
+        g = torch.Generator().manual_seed(hash((self.seed, data_step, micro, self.rank)) % 2**63)
+        seq = torch.randint(0, self.vocab_size, (x.shape[0], x.shape[1] + 1), generator=g)
+        return seq[:, :-1].to(x.device), seq[:, 1:].to(x.device)
+
+    def loss(self, loss: torch.Tensor, data_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss as reported, objective the backward differentiates) under the step's fault:
+        nan spoils both, scale_loss scales both, scale_grads only the objective."""
+        fault = self.by_step.get(data_step)
+        if fault is None or fault.kind == "noise":
+            return loss, loss
+        if fault.kind == "nan":
+            loss = loss * float("nan")
+            return loss, loss
+        if fault.kind == "scale_loss":
+            loss = loss * fault.factor
+            return loss, loss
+        return loss, loss * fault.factor  # scale_grads
+
+
+__all__ = [
+    "KILL_ENV",
+    "PAUSE_ENV",
+    "POINTS",
+    "ROLLBACK_POINTS",
+    "SAVE_POINTS",
+    "DataFaults",
+    "die",
+    "fault_point",
+    "kill_requested",
+]
