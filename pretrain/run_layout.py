@@ -153,15 +153,6 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return rows
 
 
-def metrics_by_step(run_dir: str | Path) -> dict[int, dict[str, float]]:
-    """step -> every scalar logged at that step (rows of one step merged)."""
-    out: dict[int, dict[str, float]] = {}
-    for row in read_metrics(run_dir):
-        row = dict(row)
-        out.setdefault(int(row.pop("step")), {}).update(row)
-    return out
-
-
 __all__ = [
     "CHECKPOINTS_DIR",
     "CheckpointSaveError",
@@ -178,7 +169,6 @@ __all__ = [
     "RunLayout",
     "atomic_write",
     "fsync_dir",
-    "metrics_by_step",
     "read_metrics",
     "step_tag",
     "tag_step",

@@ -557,10 +557,10 @@ def test_cli_export_check_fails_when_generation_differs(qknorm_run, tmp_path, mo
     """A fault in the exported remote code that drops the KV cache (what transformers 5.24's
     rename of `past_key_values` to `cache` did to the code of 5.23): the single forward still
     matches, greedy decoding does not, and `--check` exits 1 naming both failures."""
-    import pretrain.hf.folder as folder
+    import pretrain.cli.export_hf as program
     from pretrain.cli.export_hf import main as export_main
 
-    real, line = folder.export_hf, "return cache if cache is not None else past_key_values"
+    real, line = program.export_hf, "return cache if cache is not None else past_key_values"
 
     def export_without_cache(*args, **kwargs):
         export = real(*args, **kwargs)
@@ -569,7 +569,7 @@ def test_cli_export_check_fails_when_generation_differs(qknorm_run, tmp_path, mo
         code.write_text(code.read_text().replace(line, "return None"))
         return export
 
-    monkeypatch.setattr(folder, "export_hf", export_without_cache)
+    monkeypatch.setattr(program, "export_hf", export_without_cache)
     run, _ = qknorm_run
     # a folder name of its own: transformers keeps remote code imported by folder name
     out_dir = tmp_path / "hf_without_cache"

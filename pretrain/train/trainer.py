@@ -50,6 +50,7 @@ from pretrain.train.recovery import (
     next_data_step,
     plan_rollback,
     record_rollback,
+    saved_states,
     warn_config_changes,
 )
 from pretrain.train.spikes import Rollback, read_rollbacks
@@ -286,10 +287,8 @@ class Trainer:
                 f"train.global_batch_size={self.cfg.train.global_batch_size}; resume with the "
                 f"batch size it was trained with"
             )
-        saved_callbacks = state.get("callbacks", {})
-        if "spike_detector" in state:  # checkpoints written before callbacks had state
-            saved_callbacks.setdefault("spikes", state["spike_detector"])
-        self.run.module.load_state_dict(state.get("spike_guard", saved_callbacks.get("spikes", {})))
+        guard, saved_callbacks = saved_states(state)
+        self.run.module.load_state_dict(guard)
         for cb in self.callbacks:
             if cb.state_key and cb.state_key in saved_callbacks:
                 cb.load_state_dict(saved_callbacks[cb.state_key])
