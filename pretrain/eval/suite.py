@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import ConfigError, DataConfig, from_dict
+from pretrain.config import DataConfig, from_dict
 from pretrain.errors import UserError
 from pretrain.eval.metrics import bytes_per_token, evaluate_loss
 from pretrain.eval.tables import fmt, markdown_table, paper_tables
 from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
-from pretrain.model.weights import find_weights_dir
+from pretrain.model.weights import WeightsError, find_weights_dir
 from pretrain.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, EVAL_DIR, atomic_write
 
 log = logging.getLogger(__name__)
@@ -348,7 +348,7 @@ def evaluate(
     """Evaluate one checkpoint; see tools/evaluate.py for the meaning of each argument."""
     try:
         wdir = find_weights_dir(run, step)
-    except ConfigError as e:
+    except WeightsError as e:
         raise EvalError(str(e)) from None
     task_list = [] if tasks.strip().lower() in ("", "none") else resolve_tasks(tasks)
     if not task_list and not val:

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from pretrain.config import ConfigError, ModelConfig, from_dict, to_dict, yaml_error_message
+from pretrain.errors import UserError
 from pretrain.integrity import UNVERIFIED, is_unverified, verify_checkpoint
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import (
@@ -61,17 +62,22 @@ def save_weights(
     return directory
 
 
+class WeightsError(UserError, ValueError):
+    """A weights folder (or the run folder around it) is missing, incomplete or damaged;
+    the message names it and what to give instead."""
+
+
 def read_config(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise ConfigError(
+        raise WeightsError(
             f"{path} not found: {directory} is not a weights folder "
             f"(expected {WEIGHTS_FILE} and {CONFIG_FILE})"
         )
     try:
         return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(yaml_error_message(e, path)) from None
+        raise ConfigError(yaml_error_message(e, path)) from None  # the run config's syntax
 
 
 def load_weights(
@@ -87,7 +93,7 @@ def load_weights(
     problems = verify_checkpoint(directory, files=[WEIGHTS_FILE, CONFIG_FILE]) if marker else []
     if problems:
         problem = problems[0]
-        raise ConfigError(
+        raise WeightsError(
             f"{directory} is damaged: {problem}; use an earlier checkpoint "
             f"(python tools/check_checkpoint.py RUN lists the intact ones)"
         )
@@ -96,14 +102,14 @@ def load_weights(
     config = read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
-        raise ConfigError(f"{weights} not found; the folder has a config but no weights")
+        raise WeightsError(f"{weights} not found; the folder has a config but no weights")
     cfg = from_dict(ModelConfig, config.get("model"), "model")
     with torch.device("meta"):
         model = Transformer(cfg)
     try:
         state = load_file(str(weights), device=str(device))
     except Exception as e:  # safetensors' own error types: a file that is not safetensors
-        raise ConfigError(
+        raise WeightsError(
             f"{weights} cannot be read ({type(e).__name__}: {e}); "
             f"write it again or use an earlier checkpoint"
         ) from None
@@ -123,7 +129,7 @@ def find_weights_dir(path: str | Path, step: int | None = None) -> Path:
     """A weights folder from a run folder (newest, or `step`), a checkpoints folder, or itself."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(
+        raise WeightsError(
             f"{path} does not exist; give a run folder (runs/NAME) or a weights folder"
         )
     if (path / WEIGHTS_FILE).is_file() and step is None:
@@ -133,7 +139,7 @@ def find_weights_dir(path: str | Path, step: int | None = None) -> Path:
         found = ckpts / step_tag(step)
         if not (found / WEIGHTS_FILE).is_file():
             have = sorted(p.name for p in ckpts.glob("step_*") if (p / WEIGHTS_FILE).is_file())
-            raise ConfigError(
+            raise WeightsError(
                 f"no weights for step {step} in {ckpts}; available: {', '.join(have) or 'none'}"
             )
         return found
@@ -144,7 +150,7 @@ def find_weights_dir(path: str | Path, step: int | None = None) -> Path:
             return found
     have = sorted(p for p in ckpts.glob("step_*") if (p / WEIGHTS_FILE).is_file())
     if not have:
-        raise ConfigError(
+        raise WeightsError(
             f"no checkpoint with weights under {ckpts}; train first, or pass a "
             f"folder holding {WEIGHTS_FILE}"
         )
