@@ -429,3 +429,27 @@ def test_weights_roundtrip_tied_and_bf16(tmp_path):
     assert torch.equal(loaded(x), model(x))
     bf, _ = load_weights(tmp_path / "w", dtype=torch.bfloat16)
     assert bf.rope.cos.dtype == torch.float32
+
+
+def test_attention_injection_point_is_what_every_block_calls():
+    """The planner's FlashAttention stand-in goes in through Transformer.set_attention_fn; no
+    global is rebound, so another model (and torch's F) is untouched."""
+    import torch.nn.functional as F
+
+    model, other = Transformer(tiny()), Transformer(tiny())
+    x = torch.randint(0, 97, (2, 9))
+    calls = []
+
+    def recording(q, k, v, **kw):
+        calls.append(tuple(q.shape))
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    want = model(x)
+    model.set_attention_fn(recording)
+    assert torch.equal(model(x), want)  # the same kernel behind it: the same logits
+    assert len(calls) == model.cfg.n_layers and calls[0][2] == 9
+    other(x)
+    assert len(calls) == model.cfg.n_layers  # the other model does not use it
+    model.set_attention_fn(None)
+    model(x)
+    assert len(calls) == model.cfg.n_layers
