@@ -40,7 +40,8 @@ POINTS = SAVE_POINTS + ROLLBACK_POINTS
 def kill_requested(name: str, step: int) -> bool:
     """True when a test asked to die at `name` while at `step` (for a point that must do
     something first, e.g. write half a file); `fault_point` kills by itself."""
-    assert name in POINTS, name
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}; the points are {', '.join(POINTS)}")
     return os.environ.get(KILL_ENV, "") in (name, f"{name}:{step}")
 
 

@@ -1,0 +1,163 @@
+"""The training side's parts: fault points and injected data faults (train/faults.py), the
+recompute count a program resolves (train/engine.py), the run context built once and the
+evaluation the trainer (not a callback) runs and announces (train/trainer.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from train_support import stdlib_data, tiny_config
+
+from pretrain.config import Config, ConfigError, FaultConfig, from_dict
+from pretrain.train import faults
+from pretrain.train.callbacks import Callback
+from pretrain.train.engine import resolve_recompute
+from pretrain.train.faults import DataFaults, fault_point
+from pretrain.train.trainer import Trainer
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def isolated_env(monkeypatch):
+    """The trainer maps launcher variables into os.environ; keep that out of the test process."""
+    keep = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in keep})
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def test_fault_points_do_nothing_unless_a_test_arms_them(monkeypatch, capsys):
+    died, slept = [], []
+    monkeypatch.setattr(faults.os, "_exit", died.append)
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    monkeypatch.delenv(faults.KILL_ENV, raising=False)
+    monkeypatch.delenv(faults.PAUSE_ENV, raising=False)
+    for name in faults.POINTS:
+        fault_point(name, 3)
+    assert died == slept == []
+    with pytest.raises(ValueError, match="unknown fault point 'nowhere'"):
+        fault_point("nowhere", 3)
+
+    monkeypatch.setenv(faults.KILL_ENV, "mid_marker:4")
+    fault_point("mid_marker", 3)  # another step
+    fault_point("before_commit", 4)  # another point
+    assert died == [] and faults.kill_requested("mid_marker", 4)
+    fault_point("mid_marker", 4)
+    assert died == [137]  # as kill -9: no clean-up
+    monkeypatch.setenv(faults.KILL_ENV, "rollback_recorded")  # any step
+    fault_point("rollback_done", 9)
+    fault_point("rollback_recorded", 9)
+    assert died == [137, 137]
+
+    monkeypatch.setenv(faults.PAUSE_ENV, "before_commit:6:2.5")
+    fault_point("before_commit", 5)
+    assert slept == []
+    fault_point("before_commit", 6)
+    assert slept == [2.5] and "pausing 2.5s at before_commit (step 6)" in capsys.readouterr().out
+
+
+def test_data_faults_corrupt_their_data_steps_only():
+    f = DataFaults(
+        [
+            FaultConfig(step=2, kind="nan"),
+            FaultConfig(step=3, last=4, kind="scale_grads", factor=10.0),
+            FaultConfig(step=5, kind="scale_loss", factor=2.0),
+            FaultConfig(step=6, kind="noise"),
+        ],
+        seed=1,
+        vocab_size=50,
+        rank=0,
+    )
+    loss = torch.tensor(3.0)
+    assert f.loss(loss, 1) == (loss, loss)
+    reported, objective = f.loss(loss, 2)
+    assert reported.isnan() and objective.isnan()
+    for step in (3, 4):  # the gradients only: the loss reads normal
+        assert [float(t) for t in f.loss(loss, step)] == [3.0, 30.0]
+    assert [float(t) for t in f.loss(loss, 5)] == [6.0, 6.0]
+    x = torch.zeros(2, 8, dtype=torch.long)
+    assert f.batch(x, x, 5, 0)[0] is x  # only noise replaces the batch
+    nx, ny = f.batch(x, x, 6, 0)
+    assert nx.shape == x.shape and torch.equal(nx[:, 1:], ny[:, :-1]) and nx.any()
+    assert torch.equal(f.batch(x, x, 6, 0)[0], nx)  # the same every time
+    assert not torch.equal(f.batch(x, x, 6, 1)[0], nx)  # another micro batch, other tokens
+
+
+# ----------------------------------------------------------------------------- recompute
+
+
+def test_auto_recompute_is_the_programs_decision():
+    cfg = from_dict(Config, {"model": {"n_layers": 4}, "train": {"activation_checkpointing": 3}})
+    assert resolve_recompute(cfg, 1, CPU, None) == 3
+    cfg.train.activation_checkpointing = "full"
+    assert resolve_recompute(cfg, 1, CPU, lambda *a: pytest.fail("not asked")) == 4
+    cfg.train.activation_checkpointing = "auto"
+    with pytest.raises(ConfigError, match=r"train\.activation_checkpointing='auto' needs"):
+        resolve_recompute(cfg, 1, CPU, None)
+    asked = []
+    assert resolve_recompute(cfg, 8, CPU, lambda c, w, d: asked.append((c, w, d)) or 2) == 2
+    assert asked == [(cfg, 8, CPU)]
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+class HookProbe(Callback):
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.run_at_start = None
+
+    def on_train_start(self, trainer) -> None:
+        self.run_at_start = trainer.run
+
+    def on_evaluation(self, trainer, results) -> None:
+        self.events.append(("evaluation", trainer.step, sorted(results)))
+
+    def on_step_end(self, trainer, out) -> None:
+        self.events.append(("step_end", out.step, out.evaluation is not None))
+
+
+def test_the_trainer_evaluates_plans_auto_and_builds_its_context_once(
+    tmp_path, tmp_path_factory, isolated_env
+):
+    """No Evaluation callback: the trainer evaluates every eval_interval steps and at the
+    last, and announces it before the step's on_step_end; `auto` recompute goes through the
+    function the program gave; what set-up builds is one frozen context."""
+    raw = tiny_config(
+        tmp_path / "run",
+        stdlib_data(tmp_path_factory),
+        train={"train_iters": 5, "eval_interval": 2, "activation_checkpointing": "auto"},
+    )
+    cfg = from_dict(Config, raw)
+    with pytest.raises(ConfigError, match=r"train\.activation_checkpointing='auto' needs"):
+        Trainer(cfg, callbacks=[], save_checkpoints=False).fit()
+    asked, probe = [], HookProbe()
+
+    def plan(c, world_size, device):
+        asked.append((world_size, device.type))
+        return 1
+
+    trainer = Trainer(cfg, callbacks=[probe], save_checkpoints=False, plan_recompute=plan)
+    assert trainer.run is None and trainer.is_main  # before set-up: no context, no getattr
+    assert trainer.fit() == 0
+    assert asked == [(1, "cpu")] and trainer.run.module.model.gradient_checkpointing == 1
+    valid = ["valid/bits_per_byte", "valid/bits_per_token", "valid/loss", "valid/ppl"]
+    assert probe.events == [
+        ("step_end", 1, False),
+        ("evaluation", 2, valid),
+        ("step_end", 2, True),
+        ("step_end", 3, False),
+        ("evaluation", 4, valid),
+        ("step_end", 4, True),
+        ("evaluation", 5, valid),
+        ("step_end", 5, True),
+    ]
+    run = trainer.run
+    assert probe.run_at_start is run and run.grad_accum == 2 and run.tokens_per_step == 256
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.grad_accum = 3
