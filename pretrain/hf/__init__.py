@@ -25,7 +25,6 @@ from pretrain.hf.folder import (
     Export,
     export_hf,
     from_hf,
-    load_hf_folder,
     read_hf_folder,
     to_hf,
 )
@@ -40,7 +39,6 @@ __all__ = [
     "export_hf",
     "from_hf",
     "hf_config",
-    "load_hf_folder",
     "read_hf_folder",
     "to_hf",
     "unsupported_features",

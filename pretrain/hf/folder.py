@@ -336,11 +336,6 @@ def model_from_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> T
     return model.eval()
 
 
-def load_hf_folder(path: str | Path) -> Transformer:
-    """Our model from a Hugging Face folder (ours or a native Llama / GPT-NeoX one)."""
-    return read_hf_folder(path)[0]
-
-
 def read_hf_folder(path: str | Path) -> tuple[Transformer, Tokenizer | None, dict[str, Any]]:
     """(model, tokenizer or None, the toolkit's record from config.json or {})."""
     hf_cfg = read_hf_config(path)
