@@ -13,6 +13,7 @@ import sys
 import pytest
 from train_support import REPO, baseline_run, metrics, run_main, tiny_config, write_config
 
+from pretrain.faults import SAVE_POINTS
 from pretrain.integrity import crc32_file, is_unverified
 from pretrain.run_layout import STATE_FILE
 from pretrain.train.checkpoint import (
@@ -20,7 +21,6 @@ from pretrain.train.checkpoint import (
     find_resume_tag,
     verify_checkpoint,
 )
-from pretrain.train.faults import SAVE_POINTS
 
 
 def _copy_run(base, dest):

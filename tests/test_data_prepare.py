@@ -122,7 +122,7 @@ def test_one_and_two_workers_write_identical_bytes(neox_out, tmp_path):
 
 
 def _prepare_then_crash(out: str, after_units: int) -> None:
-    os.environ["PRETRAIN_PREPARE_FAULT_AFTER_UNITS"] = str(after_units)
+    os.environ["PRETRAIN_TEST_KILL_AT"] = f"prepare_units_written:{after_units}"
     prepare(
         out,
         str(shared_path(*NEOX)),
@@ -136,11 +136,11 @@ def _prepare_then_crash(out: str, after_units: int) -> None:
 
 
 def test_killed_run_resumes_to_identical_files(neox_out, tmp_path):
-    # A real SIGKILL mid-run (the process kills itself after 9 units: no clean-up at all).
+    # A crash mid-run (the process exits at once after 9 units: no clean-up at all).
     proc = mp.get_context("fork").Process(target=_prepare_then_crash, args=(str(tmp_path), 9))
     proc.start()
     proc.join(120)
-    assert proc.exitcode == -9
+    assert proc.exitcode == 137  # pretrain/faults.py die(): as kill -9, no clean-up
     partial = read_manifest(tmp_path / "train")
     assert not partial["complete"] and 1 <= len(partial["shards"]) < len(
         read_manifest(neox_out / "train")["shards"]
@@ -423,13 +423,13 @@ def test_skipped_counts_survive_a_crash_and_a_damaged_shard(tmp_path):
     tok = str(shared_path(*NEOX))
     whole = prepare(tmp_path / "whole", tok, **settings)
     assert len(whole["train"]["shards"]) >= 4
-    # A crash after 5 units (SIGKILL, no clean-up), then the same command again.
+    # A crash after 5 units (no clean-up), then the same command again.
     proc = mp.get_context("fork").Process(
         target=_prepare_gappy_then_crash, args=(tmp_path / "out", settings, 5)
     )
     proc.start()
     proc.join(120)
-    assert proc.exitcode == -9
+    assert proc.exitcode == 137  # pretrain/faults.py die(): as kill -9, no clean-up
     partial = read_manifest(tmp_path / "out" / "train")
     assert 0 < partial["skipped_documents"]["no_text"] < 14  # counted up to the resume point only
     resumed = prepare(tmp_path / "out", tok, **settings)
@@ -448,7 +448,7 @@ def test_skipped_counts_survive_a_crash_and_a_damaged_shard(tmp_path):
 
 
 def _prepare_gappy_then_crash(out: Path, settings: dict, after_units: int) -> None:
-    os.environ["PRETRAIN_PREPARE_FAULT_AFTER_UNITS"] = str(after_units)
+    os.environ["PRETRAIN_TEST_KILL_AT"] = f"prepare_units_written:{after_units}"
     prepare(out, str(shared_path(*NEOX)), **settings)
 
 

@@ -1,4 +1,4 @@
-"""The training side's parts: fault points and injected data faults (train/faults.py), the
+"""The training side's parts: fault points and injected data faults (faults.py), the
 recompute count a program resolves (train/engine.py), the run context built once and the
 evaluation the trainer (not a callback) runs and announces (train/trainer.py)."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 from train_support import stdlib_data, tiny_config
 
+from pretrain import faults
 from pretrain.config import Config, ConfigError, FaultConfig, from_dict
-from pretrain.train import faults
+from pretrain.faults import DataFaults, fault_point
 from pretrain.train.callbacks import Callback
 from pretrain.train.engine import resolve_recompute
-from pretrain.train.faults import DataFaults, fault_point
 from pretrain.train.trainer import Trainer
 
 CPU = torch.device("cpu")

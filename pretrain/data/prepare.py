@@ -56,6 +56,7 @@ from pretrain.data.sources import (
 )
 from pretrain.data.tokenizer import Tokenizer, load_tokenizer
 from pretrain.errors import UserError
+from pretrain.faults import fault_point
 from pretrain.run_layout import atomic_write
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,6 @@ DEFAULT_SHARD_TOKENS = 1_000_000_000  # ~2 GB of uint16 per shard; the index sta
 DEFAULT_DOCS_PER_UNIT = 512
 # Why input documents were skipped: null or missing text; empty text.
 SKIPPED_KEYS = ("no_text", "empty_text")
-# Test hook: simulate a crash (SIGKILL, no clean-up) after this many units were written.
-_FAULT_ENV = "PRETRAIN_PREPARE_FAULT_AFTER_UNITS"
 
 
 class PrepareError(UserError, ValueError):
@@ -572,7 +571,6 @@ def run_units(
 
     from tqdm import tqdm
 
-    fault_after = int(os.environ.get(_FAULT_ENV, "0"))
     t0 = time.time()
     docs = toks = done = chars = 0
     bar = tqdm(
@@ -606,8 +604,7 @@ def run_units(
             bar.set_postfix_str(
                 f"{docs / elapsed:,.0f} docs/s, {toks / elapsed:,.0f} tokens/s", refresh=False
             )
-            if fault_after and done >= fault_after:
-                os.kill(os.getpid(), signal.SIGKILL)
+            fault_point("prepare_units_written", done)  # the crash tests' kill
     finally:
         results.close()  # on an error or interruption: terminate the workers now
         bar.close()

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from pretrain.errors import UserError
+from pretrain.faults import die, fault_point, kill_requested
 from pretrain.integrity import (
     UNVERIFIED,
     checkpoint_files,
@@ -57,7 +58,6 @@ from pretrain.run_layout import (
     tag_step,
 )
 from pretrain.train.distributed import barrier
-from pretrain.train.faults import die, fault_point, kill_requested
 
 
 def _fsync_tree(root: Path) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from pretrain.config import Config
+from pretrain.faults import DataFaults
 from pretrain.model.transformer import Transformer
-from pretrain.train.faults import DataFaults
 from pretrain.train.spikes import StepGuard, Verdict
 
 

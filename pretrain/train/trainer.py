@@ -31,6 +31,7 @@ from pretrain.config import Config, ConfigError, to_dict
 from pretrain.config_checks import check_run, grad_accum_steps
 from pretrain.data.pipeline import DataSource, build_data
 from pretrain.eval.metrics import evaluate_loss, text_per_token
+from pretrain.faults import DataFaults, fault_point
 from pretrain.model.weights import save_weights
 from pretrain.run_layout import (
     ROLLBACKS_FILE,
@@ -42,7 +43,6 @@ from pretrain.train.callbacks import Callback, StepOutput, build_callbacks
 from pretrain.train.checkpoint import Checkpointer, find_resume_tag, save_failed
 from pretrain.train.context import RunContext
 from pretrain.train.engine import PlanRecompute, build_engine, resolve_recompute
-from pretrain.train.faults import DataFaults, fault_point
 from pretrain.train.module import TrainModule
 from pretrain.train.recovery import (
     check_same_model,

@@ -9,7 +9,9 @@ Two kinds:
   reads them:
       PRETRAIN_TEST_KILL_AT=POINT:STEP        die at POINT while at STEP (POINT alone: any step)
       PRETRAIN_TEST_PAUSE_AT=POINT:STEP:SECS  sleep SECS at POINT while at STEP
-  Points: the phases of a checkpoint save (SAVE_POINTS) and of a rollback (ROLLBACK_POINTS).
+  Points: the phases of a checkpoint save (SAVE_POINTS), of a rollback (ROLLBACK_POINTS),
+  and the units a data preparation has written (PREPARE_POINTS; its STEP is the unit count).
+  This module sits at the base, beside the config, so that data/ and train/ both use it.
 - **Data faults** from the config (`spikes.faults`, pretrain/config.py FaultConfig): a data
   step's batch corrupted so that the loss-spike guard has something to catch (`DataFaults`).
 """
@@ -34,7 +36,8 @@ SAVE_POINTS = (
     "before_retention",
 )
 ROLLBACK_POINTS = ("rollback_recorded", "rollback_done")
-POINTS = SAVE_POINTS + ROLLBACK_POINTS
+PREPARE_POINTS = ("prepare_units_written",)
+POINTS = SAVE_POINTS + ROLLBACK_POINTS + PREPARE_POINTS
 
 
 def kill_requested(name: str, step: int) -> bool:
@@ -99,6 +102,7 @@ __all__ = [
     "KILL_ENV",
     "PAUSE_ENV",
     "POINTS",
+    "PREPARE_POINTS",
     "ROLLBACK_POINTS",
     "SAVE_POINTS",
     "DataFaults",
