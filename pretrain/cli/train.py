@@ -18,7 +18,6 @@ import sys
 
 from pretrain.cli.errors import ArgumentParser, add_set_option, user_errors
 from pretrain.config import load_config, to_dict
-from pretrain.planner import resolve_activation_checkpointing
 from pretrain.run_layout import CheckpointSaveError
 from pretrain.train.trainer import train
 
@@ -45,6 +44,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def plan_recompute(cfg, world_size: int, device) -> int:
+    """`activation_checkpointing: auto`: the planner's least recompute that fits this device.
+    Imported here, when a run asks for it: the planner loads torch's fake-tensor machinery,
+    which every other start (and every rank) would pay for."""
+    from pretrain.planner import resolve_activation_checkpointing
+
+    return resolve_activation_checkpointing(cfg, world_size, device)
+
+
 @user_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -56,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
             return 0
 
-        return train(cfg, plan_recompute=resolve_activation_checkpointing)
+        return train(cfg, plan_recompute=plan_recompute)
     except CheckpointSaveError as e:  # the run is resumable: say how, without a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
