@@ -7,6 +7,7 @@ the first second instead of after the model is built.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import types
@@ -599,7 +600,22 @@ def load_model_config(path: str | Path, overrides: list[str] | None = None) -> M
     return from_dict(ModelConfig, data, "model")
 
 
+def add_set_option(parser: argparse.ArgumentParser, example: str = "optim.lr=3e-4") -> None:
+    """`--set KEY=VALUE` (repeatable) into `args.overrides`: the one config override flag of
+    every program, read as YAML like the config file (pretrain/config.py apply_overrides)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override one config value, e.g. --set {example} (repeatable; values are read "
+        f"as YAML)",
+    )
+
+
 __all__ = [
+    "add_set_option",
     "CheckpointConfig",
     "Config",
     "ConfigError",

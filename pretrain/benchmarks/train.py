@@ -19,7 +19,14 @@ from pathlib import Path
 
 import torch
 
-from pretrain.config import Config, from_dict, load_config, load_model_config, to_dict
+from pretrain.config import (
+    Config,
+    add_set_option,
+    from_dict,
+    load_config,
+    load_model_config,
+    to_dict,
+)
 from pretrain.data.pipeline import DataSource
 from pretrain.run_layout import read_metrics
 from pretrain.train.trainer import train
@@ -68,14 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra config override, as in pretrain/main.py",
-    )
+    add_set_option(parser, "train.micro_batch_size=8")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
 
 

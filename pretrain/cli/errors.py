@@ -96,20 +96,6 @@ def user_errors(fn: Callable[..., int | None]) -> Callable[..., int]:
     return run
 
 
-def add_set_option(parser: argparse.ArgumentParser, example: str = "optim.lr=3e-4") -> None:
-    """`--set KEY=VALUE` (repeatable) into `args.overrides`: the one config override flag of
-    every program, read as YAML like the config file (pretrain/config.py apply_overrides)."""
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"override one config value, e.g. --set {example} (repeatable; values are read "
-        f"as YAML)",
-    )
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error: `error: PROG: MESSAGE (see --help)`, exit 2."""
 
@@ -121,7 +107,6 @@ __all__ = [
     "DEBUG_ENV",
     "USER_ERROR",
     "ArgumentParser",
-    "add_set_option",
     "debug",
     "is_user_error",
     "message",

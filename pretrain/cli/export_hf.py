@@ -30,11 +30,6 @@ from pretrain.hf.folder import export_hf
 from pretrain.model.weights import find_weights_dir, load_weights
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
 @user_errors
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(

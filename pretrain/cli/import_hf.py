@@ -17,13 +17,9 @@ import sys
 from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.errors import UserError
 from pretrain.hf.folder import read_hf_folder
 from pretrain.model.weights import save_weights
-
-
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 @user_errors
@@ -42,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        return _fail(f"{out} exists and is not an empty folder; choose a new one")
+        raise UserError(f"{out} exists and is not an empty folder; choose a new one")
     model, tok, _ = read_hf_folder(args.hf)
     save_weights(model, out)
     if tok is not None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from pretrain.analysis.model_info import format_info, format_info_table, model_info
 from pretrain.analysis.presets import load_preset, preset_names
-from pretrain.cli.errors import ArgumentParser, add_set_option, user_errors
+from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.config import add_set_option
 
 
 @user_errors

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pretrain.cli.errors import ArgumentParser, add_set_option, user_errors
-from pretrain.config import ConfigError, load_config
+from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.config import ConfigError, add_set_option, load_config
 from pretrain.model.recompute import describe_recompute, recompute_layers
 from pretrain.planner.gpus import DEFAULT_MFU, GiB, parse_gpu
 from pretrain.planner.paper import PAPER_PLAN, paper_plan, paper_table

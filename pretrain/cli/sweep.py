@@ -16,8 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from pretrain.cli.errors import ArgumentParser, add_set_option, user_errors
-from pretrain.config import ConfigError
+from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.config import ConfigError, add_set_option
 from pretrain.sweep import (
     budget_warnings,
     char_configs,

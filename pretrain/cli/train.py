@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pretrain.cli.errors import ArgumentParser, add_set_option, user_errors
-from pretrain.config import load_config, to_dict
+from pretrain.cli.errors import ArgumentParser, user_errors
+from pretrain.config import add_set_option, load_config, to_dict
 from pretrain.run_layout import CheckpointSaveError
 from pretrain.train.trainer import train
 
