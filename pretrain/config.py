@@ -46,6 +46,30 @@ def rotary_dims_from_fraction(fraction: float, head_dim: int) -> int:
     return 2 * math.floor(fraction * head_dim / 2 + 0.5 + 1e-9)
 
 
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "dynamic_ntk")
+
+
+@dataclass
+class RopeScalingConfig:
+    """RoPE scaling for longer contexts, on the rotary dims only (pretrain/model/rope.py).
+
+    linear: positions / factor (position interpolation). ntk: theta x factor^(r/(r-2)), r the
+    rotary dims (NTK-aware). yarn: per frequency, interpolated below beta_slow rotations over
+    the original length, kept above beta_fast, a ramp between; cos and sin x attention_factor.
+    dynamic_ntk: ntk with the factor grown with the sequence, only past original_max_seq_len.
+    Transformers' rope_type names: linear, dynamic (= dynamic_ntk), yarn; ntk is the default
+    RoPE with a larger theta. factor 1 is no scaling.
+    """
+
+    type: Literal["linear", "ntk", "yarn", "dynamic_ntk"] = "yarn"
+    factor: float = 1.0
+    original_max_seq_len: int | None = None  # the trained length; null = model.max_seq_len
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn; null = 0.1 ln(factor) + 1
+    truncate: bool = True  # yarn: round the ramp's ends to whole dims (transformers' default)
+
+
 @dataclass
 class ModelConfig:
     """One transformer covering Llama-style (sequential) and Pythia-style (parallel) models."""
@@ -70,6 +94,8 @@ class ModelConfig:
     rope_fraction: float | None = 1.0
     rotary_dims: int | None = None
     rope_theta: float = 10000.0
+    # null = none; {type, factor, original_max_seq_len, ...}: RopeScalingConfig above.
+    rope_scaling: RopeScalingConfig | None = None
     learned_pos_emb: bool = False  # absolute learned positions, added to token embeddings
     qk_norm: bool = False  # normalize q and k per head over head_dim, before RoPE
     # Attention-logit soft cap (Gemma 2): logits -> cap * tanh(logits / cap), bounding them
@@ -171,6 +197,46 @@ class ModelConfig:
                 f"model.rope_fraction={f} gives 0 rotary dims for head_dim {hd}; use "
                 f"rope_fraction >= {1 / hd:.4g} (2 dims), or 0 for NoPE",
             )
+        if self.rope_scaling is not None:
+            self._validate_scaling(self.rope_scaling, r, need)
+
+    def _validate_scaling(self, s: RopeScalingConfig, rotary_dims: int, need) -> None:
+        need(
+            s.type in ROPE_SCALINGS,
+            f"model.rope_scaling.type={s.type!r} is unknown; use one of {', '.join(ROPE_SCALINGS)}",
+        )
+        need(
+            s.factor >= 1.0,
+            f"model.rope_scaling.factor={s.factor} must be >= 1 (1 = no scaling; the factor "
+            f"is how many times longer than the trained length)",
+        )
+        need(
+            s.original_max_seq_len is None or s.original_max_seq_len > 0,
+            f"model.rope_scaling.original_max_seq_len={s.original_max_seq_len} must be a "
+            f"positive integer (the length the model was trained at), or null",
+        )
+        need(
+            not self.learned_pos_emb,
+            "model.rope_scaling does not apply to model.learned_pos_emb: learned positions "
+            "have no frequencies to scale; remove one of the two",
+        )
+        need(
+            rotary_dims != 2 or s.type not in ("ntk", "dynamic_ntk") or s.factor == 1.0,
+            f"model.rope_scaling.type={s.type} needs more than 2 rotary dims (its exponent is "
+            f"r/(r-2)); with 2 use linear or yarn",
+        )
+        need(
+            s.beta_fast > s.beta_slow > 0,
+            f"model.rope_scaling: beta_fast={s.beta_fast} must be > beta_slow={s.beta_slow} > 0",
+        )
+
+    @property
+    def original_max_seq_len(self) -> int:
+        """The length the positions were trained at (for scaling); model.max_seq_len unscaled."""
+        s = self.rope_scaling
+        if s is not None and s.original_max_seq_len:
+            return s.original_max_seq_len
+        return self.max_seq_len
 
 
 # ----------------------------------------------------------------------------- run sections

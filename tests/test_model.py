@@ -257,10 +257,21 @@ def test_sampling_respects_top_k_and_never_samples_padding():
     assert torch.equal(a, b)
 
 
-def test_positions_past_max_seq_len_are_refused():
-    model = Transformer(tiny(max_seq_len=16))
-    with pytest.raises(ValueError, match="max_seq_len=16"):
-        model(torch.zeros(1, 17, dtype=torch.long))
+def test_learned_positions_refuse_past_their_table_and_rope_runs_on():
+    learned = Transformer(tiny(max_seq_len=16, learned_pos_emb=True))
+    with pytest.raises(ValueError, match=r"learned position table \(model.learned_pos_emb, 16 rows"):
+        learned(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="learned position table"):
+        learned.generate(torch.zeros(1, 10, dtype=torch.long), 7)
+    torch.manual_seed(0)
+    model = Transformer(tiny(max_seq_len=16)).eval()
+    x = torch.randint(0, 97, (1, 40))
+    with torch.no_grad():
+        short, long = model(x[:, :16]), model(x)
+    assert model.rope.cos.shape[0] >= 40  # grown on demand
+    # Causal attention and a cache whose first rows did not change: the first 16 positions
+    # give the same logits whatever follows them (to rounding: the matmuls differ in shape).
+    torch.testing.assert_close(long[:, :16], short, rtol=0, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- training bits

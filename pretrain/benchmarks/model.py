@@ -197,7 +197,7 @@ def build_variants(
             m.load_state_dict(state, strict=True, assign=True)  # same storage, no copy
             # Buffers (the RoPE cache) were built on meta; build them where the weights are,
             # as pretrain.model.weights.load_weights does.
-            m.rope = RotaryEmbedding(c.rope_dims, c.max_seq_len, c.rope_theta).to(device)
+            m.rope = RotaryEmbedding.from_config(c).to(device)
             left = [n for n, t in [*m.named_parameters(), *m.named_buffers()] if t.is_meta]
             if left:
                 raise RuntimeError(f"benchmark variant left tensors on meta: {left}")

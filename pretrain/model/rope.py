@@ -8,12 +8,29 @@ frequencies theta^(-2i / rotary_dims), i = 0 .. rotary_dims/2 - 1. Dims past
 One cache per model: cos and sin of shape (max_seq_len, rotary_dims), always fp32, built
 once at construction and shared by every layer. Theta only changes the numbers in that
 cache, never the work done per step, so no theta can be slower than another.
+
+Past max_seq_len the cache grows on demand, by the same formula (the first max_seq_len rows
+stay bit-identical), so RoPE, partial RoPE and NoPE evaluate at any length.
+
+Scaling (`model.rope_scaling`, config.RopeScalingConfig) changes the inverse frequencies of
+the rotary dims, and for YaRN multiplies cos and sin by an attention factor; the formulas are
+transformers' (modeling_rope_utils) with `dim` = the rotary dims, as transformers computes
+them for a partial_rotary_factor. The dims past rotary_dims are never touched: they carry no
+position, so there is nothing to interpolate; and YaRN's attention factor, applied through
+cos and sin, scales the rotary dims' share of q.k by attention_factor^2 and leaves the
+pass-through dims' share as it was (in transformers as here). With 10% RoPE that factor
+reaches a tenth of each head's logits, not all of it: a partial-RoPE model gets a gentler
+temperature change than a full-RoPE one at the same factor.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+
+from pretrain.config import ModelConfig, RopeScalingConfig
 
 
 def inverse_frequencies(rotary_dims: int, theta: float, device=None) -> torch.Tensor:
@@ -22,14 +39,97 @@ def inverse_frequencies(rotary_dims: int, theta: float, device=None) -> torch.Te
     return (1.0 / (theta ** (i / rotary_dims))).to(torch.float32)
 
 
+def _frequencies64(rotary_dims: int, theta: float, device=None) -> torch.Tensor:
+    i = torch.arange(0, rotary_dims, 2, dtype=torch.float64, device=device)
+    return 1.0 / (theta ** (i / rotary_dims))
+
+
+def yarn_attention_factor(s: RopeScalingConfig) -> float:
+    """YaRN's cos/sin multiplier: the configured one, else 0.1 ln(factor) + 1 (1 at factor 1)."""
+    if s.attention_factor is not None:
+        return float(s.attention_factor)
+    return 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
+
+
+def _yarn_frequencies64(r: int, theta: float, s: RopeScalingConfig, original: int, device=None):
+    """transformers' _compute_yarn_parameters, in fp64: frequencies that turn fewer than
+    beta_slow times over the original length are interpolated (/ factor), those that turn
+    more than beta_fast times are kept, a linear ramp over the dims between."""
+
+    def correction_dim(rotations: float) -> float:
+        return (r * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(r // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(
+        0, 1
+    )
+    keep = 1 - ramp  # 1: the original frequency (extrapolated), 0: interpolated
+    extrapolated = _frequencies64(r, theta, device)
+    return extrapolated / s.factor * (1 - keep) + extrapolated * keep
+
+
+def scaled_frequencies(
+    rotary_dims: int,
+    theta: float,
+    scaling: RopeScalingConfig | None = None,
+    original_len: int | None = None,
+    seq_len: int | None = None,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, fp32 computed in fp64; the factor cos and sin are multiplied by).
+
+    `original_len`: the trained length (scaling.original_max_seq_len wins when set);
+    `seq_len`: the current sequence's length, which only dynamic_ntk reads. No scaling, or a
+    factor of 1, is `inverse_frequencies` itself, so the cache stays bit-identical.
+    """
+    r = rotary_dims
+    if scaling is None or scaling.factor == 1.0 or r == 0:
+        return inverse_frequencies(r, theta, device), 1.0
+    f = scaling.factor
+    original = scaling.original_max_seq_len or original_len
+    if scaling.type in ("yarn", "dynamic_ntk") and not original:
+        raise ValueError(f"rope_scaling {scaling.type} needs the original (trained) length")
+    factor = 1.0
+    if scaling.type == "linear":  # position interpolation: every position / factor
+        inv = _frequencies64(r, theta, device) / f
+    elif scaling.type == "ntk":  # NTK-aware: the base grows so the lowest frequency / factor
+        inv = _frequencies64(r, theta * f ** (r / (r - 2)), device)
+    elif scaling.type == "dynamic_ntk":  # ntk with a factor that grows with the sequence
+        length = seq_len or original
+        if length <= original:
+            return inverse_frequencies(r, theta, device), 1.0
+        inv = _frequencies64(r, theta * ((f * length / original) - (f - 1)) ** (r / (r - 2)), device)
+    elif scaling.type == "yarn":
+        inv = _yarn_frequencies64(r, theta, scaling, original, device)
+        factor = yarn_attention_factor(scaling)
+    else:
+        raise ValueError(f"unknown rope_scaling type {scaling.type!r}")
+    return inv.to(torch.float32), factor
+
+
 def rope_cache(
-    max_seq_len: int, rotary_dims: int, theta: float, device=None
+    max_seq_len: int,
+    rotary_dims: int,
+    theta: float,
+    device=None,
+    scaling: RopeScalingConfig | None = None,
+    original_len: int | None = None,
+    seq_len: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (max_seq_len, rotary_dims), fp32, halves repeated (rotate_half)."""
-    inv_freq = inverse_frequencies(rotary_dims, theta, device)
+    inv_freq, factor = scaled_frequencies(
+        rotary_dims, theta, scaling, original_len, seq_len, device
+    )
     pos = torch.arange(max_seq_len, dtype=torch.float32, device=device)
     freqs = torch.outer(pos, inv_freq)  # (T, r/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, r)
+    if factor != 1.0:
+        return emb.cos() * factor, emb.sin() * factor
     return emb.cos(), emb.sin()
 
 
@@ -124,37 +224,78 @@ def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds the model's one fp32 cos/sin cache; `forward(start, length)` slices it."""
+    """Holds the model's one fp32 cos/sin cache; `forward(start, length)` slices it.
 
-    def __init__(self, rotary_dims: int, max_seq_len: int, theta: float):
+    The cache covers max_seq_len positions and grows (doubling, by the same formula) when a
+    longer sequence comes: evaluation past the training length. dynamic_ntk's frequencies
+    depend on the sequence's length, so past the original length they are computed for each
+    forward from its end position (stateless: a later shorter sequence gets its own, unlike
+    transformers, which keeps the longest it has seen until a sequence is shorter than the
+    original length).
+    """
+
+    def __init__(
+        self,
+        rotary_dims: int,
+        max_seq_len: int,
+        theta: float,
+        scaling: RopeScalingConfig | None = None,
+        original_len: int | None = None,
+    ):
         super().__init__()
         self.rotary_dims = rotary_dims
         self.max_seq_len = max_seq_len
         self.theta = theta
-        cos, sin = rope_cache(max_seq_len, rotary_dims, theta)
+        self.scaling = scaling
+        self.original_len = original_len or max_seq_len
+        cos, sin = self._build(max_seq_len)
         # Not persistent: derived from the config, so never stored in checkpoints.
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> RotaryEmbedding:
+        return cls(
+            cfg.rope_dims, cfg.max_seq_len, cfg.rope_theta, cfg.rope_scaling, cfg.original_max_seq_len
+        )
+
+    @property
+    def dynamic(self) -> bool:
+        s = self.scaling
+        return s is not None and s.type == "dynamic_ntk" and s.factor != 1.0
+
+    def _build(self, length: int, device=None, seq_len: int | None = None):
+        return rope_cache(
+            length,
+            self.rotary_dims,
+            self.theta,
+            device,
+            scaling=self.scaling,
+            original_len=self.original_len,
+            seq_len=seq_len,
+        )
 
     def _apply(self, fn, recurse=True):
         # model.to(bfloat16) / .half() would cast the cache too; rebuild it in fp32 on the
         # new device instead, from the exact formula (not from the rounded values).
         super()._apply(fn, recurse)
         if self.cos.dtype != torch.float32:
-            cos, sin = rope_cache(self.max_seq_len, self.rotary_dims, self.theta, self.cos.device)
-            self.cos, self.sin = cos, sin
+            self.cos, self.sin = self._build(self.cos.shape[0], self.cos.device)
         return self
 
     def forward(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = start + length
-        if end > self.max_seq_len:
-            raise ValueError(
-                f"position {end - 1} is past model.max_seq_len={self.max_seq_len}; "
-                f"raise model.max_seq_len (the RoPE cache is built for that many positions)"
-            )
+        if self.dynamic and end > self.original_len:
+            cos, sin = self._build(end, self.cos.device, seq_len=end)
+            return cos[start:end], sin[start:end]
+        if end > self.cos.shape[0]:
+            self.cos, self.sin = self._build(max(end, 2 * self.cos.shape[0]), self.cos.device)
         return self.cos[start:end], self.sin[start:end]
 
     def extra_repr(self) -> str:
+        s = self.scaling
+        scaled = f", scaling={s.type} x{s.factor:g}" if s is not None and s.factor != 1 else ""
         return (
-            f"rotary_dims={self.rotary_dims}, max_seq_len={self.max_seq_len}, theta={self.theta:g}"
+            f"rotary_dims={self.rotary_dims}, max_seq_len={self.max_seq_len}, "
+            f"theta={self.theta:g}{scaled}"
         )

@@ -80,7 +80,7 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.learned_pos_emb else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.rope = RotaryEmbedding(cfg.rope_dims, cfg.max_seq_len, cfg.rope_theta)
+        self.rope = RotaryEmbedding.from_config(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab_size, bias=False)
@@ -133,6 +133,7 @@ class Transformer(nn.Module):
         """
         B, T = input_ids.shape
         start = kv_cache.pos if kv_cache is not None else 0
+        self.check_length(start + T)
         cos, sin = self.rope(start, T)
         x = self.wte(input_ids)
         if self.wpe is not None:
@@ -147,6 +148,21 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.pos += T
         return self.norm_f(x)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model can run: the learned position table's rows, or None
+        (unbounded) for RoPE, partial RoPE and NoPE, whose cache grows on demand."""
+        return self.cfg.max_seq_len if self.wpe is not None else None
+
+    def check_length(self, length: int) -> None:
+        limit = self.max_positions
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"a sequence of {length} tokens is longer than the learned position table "
+                f"(model.learned_pos_emb, {limit} rows = model.max_seq_len): learned positions "
+                f"cannot run past the length they were trained at"
+            )
 
     def checkpointed_layers(self) -> int:
         """How many blocks (the first ones) recompute their activations in the backward."""
@@ -202,11 +218,7 @@ class Transformer(nn.Module):
         """Sample continuations with a KV cache. temperature 0 = greedy. Returns prompt + new."""
         B, T = input_ids.shape
         total = T + max_new_tokens
-        if total > self.cfg.max_seq_len:
-            raise ValueError(
-                f"prompt {T} + max_new_tokens {max_new_tokens} exceeds "
-                f"model.max_seq_len={self.cfg.max_seq_len}"
-            )
+        self.check_length(total)
         was_training = self.training
         self.eval()
         p = next(self.parameters())

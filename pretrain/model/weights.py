@@ -119,7 +119,7 @@ def load_weights(
     if cfg.tie_embeddings:
         model.lm_head.weight = model.wte.weight
     # Buffers (the RoPE cache) were built on meta; rebuild them where the weights are.
-    model.rope = type(model.rope)(cfg.rope_dims, cfg.max_seq_len, cfg.rope_theta).to(device)
+    model.rope = type(model.rope).from_config(cfg).to(device)
     if dtype is not None:
         model.to(dtype)
     return model.eval(), config
