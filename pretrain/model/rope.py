@@ -103,7 +103,9 @@ def scaled_frequencies(
         length = seq_len or original
         if length <= original:
             return inverse_frequencies(r, theta, device), 1.0
-        inv = _frequencies64(r, theta * ((f * length / original) - (f - 1)) ** (r / (r - 2)), device)
+        inv = _frequencies64(
+            r, theta * ((f * length / original) - (f - 1)) ** (r / (r - 2)), device
+        )
     elif scaling.type == "yarn":
         inv = _yarn_frequencies64(r, theta, scaling, original, device)
         factor = yarn_attention_factor(scaling)
@@ -256,7 +258,11 @@ class RotaryEmbedding(nn.Module):
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> RotaryEmbedding:
         return cls(
-            cfg.rope_dims, cfg.max_seq_len, cfg.rope_theta, cfg.rope_scaling, cfg.original_max_seq_len
+            cfg.rope_dims,
+            cfg.max_seq_len,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            cfg.original_max_seq_len,
         )
 
     @property

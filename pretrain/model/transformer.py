@@ -7,6 +7,7 @@ Parameter names (used by checkpoints and the Hugging Face converters):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pretrain.config import ModelConfig
+from pretrain.config import ModelConfig, RopeScalingConfig
 from pretrain.model.attention import Attention, KVCache
 from pretrain.model.loss import IGNORE_INDEX, linear_cross_entropy
 from pretrain.model.norm import make_norm
@@ -196,6 +197,13 @@ class Transformer(nn.Module):
             hidden, self.lm_head.weight, targets, IGNORE_INDEX, z_loss=z_loss
         )
         return LossOutput(loss, z_term)
+
+    def set_rope_scaling(self, scaling: RopeScalingConfig | None) -> None:
+        """Evaluate with another RoPE scaling (or none): the config and the cos/sin cache
+        change, the weights do not."""
+        cfg = dataclasses.replace(self.cfg, rope_scaling=scaling)  # validates
+        self.cfg = cfg
+        self.rope = RotaryEmbedding.from_config(cfg).to(self.rope.cos.device)
 
     def set_attention_fn(self, fn: Callable[..., torch.Tensor] | None) -> None:
         """Every block's attention kernel, with the signature of
