@@ -4,9 +4,11 @@
     python tools/evaluate.py --run runs/llama1b_rope10 --step 12000 --data-dir ../shared/data/evals
     python tools/evaluate.py --run runs/x --tasks arc_easy,piqa --limit 100 --batch-size 32
     python tools/evaluate.py --run runs/char_theta --tasks none --val       # bits per character
+    python tools/evaluate.py --run runs/x --tasks none --val --per-position # loss by position
+    python tools/evaluate.py --run runs/x --tasks none --lengths 1x,2x,4x,8x --rope-scaling yarn:8
 
-Writes RUN/eval/<step>/lm_eval_results.json (the harness's JSON), valid_metrics.json (--val)
-and results.md (the paper's accuracy table, LAMBADA perplexities, validation figures).
+Writes RUN/eval/<step>/lm_eval_results.json (the harness's JSON), valid_metrics.json (--val),
+positions.json/.csv/.png (--per-position, --lengths: loss by position, curve) and results.md (the paper's accuracy table, LAMBADA perplexities, validation figures).
 Suite `paper`: arc_challenge, arc_easy, logiqa, lambada_openai, lambada_standard, piqa, sciq,
 pubmedqa, winogrande, wsc273. See docs/evaluation.md.
 """
@@ -77,7 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-length",
         type=int,
         default=None,
-        help="context window in tokens (default and maximum: the model's max_seq_len)",
+        help="context window in tokens (default: the model's max_seq_len; RoPE and NoPE models "
+        "may go past it, learned positions may not)",
     )
     p.add_argument(
         "--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)"
@@ -106,6 +109,38 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=256,
         help="with --val: number of validation sequences (default 256)",
+    )
+    p.add_argument(
+        "--per-position",
+        action="store_true",
+        help="with --val: also the loss at each position of the validation samples (every "
+        "position below 256, then 4 buckets per octave), from the same forward passes: "
+        "positions.json, .csv and a PNG curve",
+    )
+    p.add_argument(
+        "--lengths",
+        default=None,
+        metavar="LIST",
+        help="evaluate loss by position at these window lengths: multiples of the training "
+        "length (1x,2x,4x,8x) and/or token counts (8192), on the validation documents read in "
+        "order; each length scores the same --val-samples x training-length tokens. RoPE, "
+        "partial RoPE and NoPE run at any length; learned positions stop at their table",
+    )
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="with --lengths: slide each window by this many tokens, scoring only the tokens "
+        "past the overlap (each with at least length - stride tokens of context); default: "
+        "disjoint windows (stride = length)",
+    )
+    p.add_argument(
+        "--rope-scaling",
+        default=None,
+        metavar="SPEC",
+        help="evaluate with this RoPE scaling on the rotary dims: TYPE:FACTOR with TYPE linear, "
+        "ntk, yarn or dynamic_ntk (e.g. yarn:4), or a mapping of model.rope_scaling's fields "
+        "('{type: yarn, factor: 4, original_max_seq_len: 2048})",
     )
     p.add_argument("--output", default=None, help="output folder (default: RUN/eval/<step tag>)")
     return p.parse_args(argv)
@@ -143,6 +178,10 @@ def main(argv=None) -> int:
         val_samples=args.val_samples,
         max_length=args.max_length,
         bootstrap_iters=args.bootstrap_iters,
+        per_position=args.per_position,
+        lengths=args.lengths,
+        stride=args.stride,
+        rope_scaling=args.rope_scaling,
     )
     print((outcome.output_dir / "results.md").read_text())
     for f in outcome.files:

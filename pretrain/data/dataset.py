@@ -279,6 +279,28 @@ def advise_random(ds: Any) -> int:
     return len(maps)
 
 
+def read_token_stream(entries: list[str], limit: int, key: str = "data.valid") -> np.ndarray:
+    """The first `limit` tokens of `entries`' documents in file order, one stream (int64).
+
+    Length evaluation reads this instead of megatron's samples: a window of 8x the training
+    length is then eight consecutive 1x windows of the same text, and a sliding window has
+    something to slide over. Shorter than `limit` when the data is."""
+    parts: list[np.ndarray] = []
+    left = limit
+    for i, entry in enumerate(entries):
+        for prefix in resolve_entry(entry, "valid", f"{key}[{i}]"):
+            if left <= 0:
+                break
+            with open(f"{prefix.path}.idx", "rb") as f:
+                code = struct.unpack("<QBQQ", f.read(_IDX_HEADER)[9:])[1]
+            DType = import_quietly("megatron.core.datasets.indexed_dataset").DType
+            tokens = np.memmap(f"{prefix.path}.bin", dtype=DType.dtype_from_code(code), mode="r")
+            take = min(left, tokens.shape[0])
+            parts.append(np.asarray(tokens[:take], dtype=np.int64))
+            left -= take
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 class TokenDataset(torch.utils.data.Dataset):
     """megatron-core samples as {"input_ids", "labels"}; labels of masked positions are -100.
 

@@ -43,8 +43,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator
 from tqdm import tqdm
 
-from pretrain.config import ConfigError
+from pretrain.config import ConfigError, RopeScalingConfig
 from pretrain.errors import UserError
+from pretrain.eval.lengths import parse_rope_scaling
 from pretrain.model.attention import KVCache
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import find_weights_dir, load_weights
@@ -136,7 +137,9 @@ class PretrainLM(TemplateLM):
         batch_size  most sequences per forward (default 64)
         max_batch_tokens  most tokens (padded) per forward; bounds activation memory
                     (default 65536 on GPU, 16384 on CPU)
-        max_length  context window (default and maximum: the model's max_seq_len)
+        max_length  context window (default: the model's max_seq_len; longer runs RoPE and
+                    NoPE models past their training length, learned positions refuse)
+        rope_scaling  RoPE scaling at evaluation: TYPE:FACTOR (yarn:4) or a mapping
         tokenizer   tokenizer spec overriding the checkpoint's tokenizer/ folder
     """
 
@@ -156,6 +159,7 @@ class PretrainLM(TemplateLM):
         tokenizer: Any = None,
         model: Transformer | None = None,
         max_batch_size: int | None = None,
+        rope_scaling: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -189,8 +193,22 @@ class PretrainLM(TemplateLM):
         self.max_batch_tokens = self._positive_int(
             max_batch_tokens, "max_batch_tokens", default=65536 if on_gpu else 16384
         )
-        limit = model.cfg.max_seq_len
-        self._max_length = min(int(max_length), limit) if max_length else limit
+        if rope_scaling not in (None, "", "none"):
+            scaling = (
+                rope_scaling
+                if isinstance(rope_scaling, RopeScalingConfig)
+                else parse_rope_scaling(str(rope_scaling), "rope_scaling")
+            )
+            model.set_rope_scaling(scaling)
+        # RoPE and NoPE models run past max_seq_len (evaluation past the training length);
+        # learned positions stop at their table.
+        default, table = model.cfg.max_seq_len, model.max_positions
+        self._max_length = int(max_length) if max_length else default
+        if table is not None and self._max_length > table:
+            raise ConfigError(
+                f"max_length={self._max_length} is past the model's learned position table "
+                f"({table} positions, model.learned_pos_emb); use at most {table}"
+            )
         self.vocab_size = model.cfg.padded_vocab_size
         # Loglikelihood requests scored, and those whose context was cut on the left.
         self.requests_scored = 0

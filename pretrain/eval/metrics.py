@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from pretrain.eval.positions import PositionLosses, score_tokens
 from pretrain.model.loss import IGNORE_INDEX
 
 LN2 = math.log(2.0)
@@ -35,6 +36,7 @@ def evaluate_loss(
     chars_per_token: float | None = None,
     max_batches: int | None = None,
     device: torch.device | str | None = None,
+    positions: PositionLosses | None = None,
 ) -> dict[str, float]:
     """Mean next-token loss over `batches` and the figures derived from it.
 
@@ -44,6 +46,8 @@ def evaluate_loss(
     bytes_per_token / chars_per_token: text units per token of this validation data (see
         `bytes_per_token`), to report bits per byte / per character.
     max_batches: stop after this many batches (training's eval_iters).
+    positions: when given, also filled with the loss at each position, from the same
+        forward (per-token losses of the chunked loss), all-reduced like the mean.
 
     Returns {"loss", "ppl", "bits_per_token", "tokens"} plus "bits_per_byte" and/or
     "bits_per_char" when their ratio is given. The model's train/eval mode is restored.
@@ -65,9 +69,14 @@ def evaluate_loss(
             n = (labels != IGNORE_INDEX).sum()
             if int(n) == 0:
                 continue
-            loss = model(input_ids, labels).loss
-            # The model's loss is a mean over this batch's targets; weight it by their count.
-            nll += loss.double() * n
+            if positions is not None:
+                losses = score_tokens(model, input_ids, labels)
+                positions.add(losses, labels)
+                nll += losses.double().sum()
+            else:
+                loss = model(input_ids, labels).loss
+                # The model's loss is a mean over this batch's targets; weight it by its count.
+                nll += loss.double() * n
             count += n
     finally:
         if was_training and hasattr(module, "train"):
@@ -76,6 +85,8 @@ def evaluate_loss(
         both = torch.stack([nll, count])
         torch.distributed.all_reduce(both)
         nll, count = both[0], both[1]
+        if positions is not None:
+            positions.all_reduce()
     tokens = float(count)
     if tokens == 0:
         raise ValueError(

@@ -3,6 +3,8 @@
 Outputs go to RUN/eval/<step tag>/ (or `output`):
     lm_eval_results.json   the harness's results JSON, unchanged
     valid_metrics.json     validation loss, perplexity, bits per token/byte (with --val)
+    positions.json/.csv/.png  loss by position (--val --per-position) and at each length
+                           (--lengths), with the curve
     results.md             the paper's accuracy table, the LAMBADA perplexity table,
                            and the validation figures
 
@@ -20,9 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import DataConfig, from_dict
+from pretrain.config import DataConfig, RopeScalingConfig, from_dict, to_dict
 from pretrain.errors import UserError
+from pretrain.eval.lengths import evaluate_lengths, parse_rope_scaling
 from pretrain.eval.metrics import bytes_per_token, evaluate_loss
+from pretrain.eval.positions import (
+    POSITIONS_CSV,
+    POSITIONS_PNG,
+    LengthResult,
+    PositionLosses,
+    positions_record,
+    positions_table,
+    write_positions,
+)
 from pretrain.eval.tables import fmt, markdown_table, paper_tables
 from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
@@ -46,6 +58,7 @@ class EvalOutcome:
     weights_dir: Path
     results: dict[str, Any] | None = None  # the harness's results dict
     valid: dict[str, float] | None = None
+    positions: dict[str, Any] | None = None  # positions.json's record (per position, lengths)
     files: list[Path] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # task -> why it was not run
     truncated: tuple[int, int] = (0, 0)  # (requests whose context was cut on the left, requests)
@@ -202,14 +215,19 @@ def evaluate_validation(
     batch_size: int = 8,
     device: str | None = None,
     dtype: str = "auto",
-) -> dict[str, float]:
-    """Validation loss and bits per token/byte of the run's validation split (or `valid_data`)."""
+    per_position: bool = False,
+    rope_scaling: RopeScalingConfig | None = None,
+) -> tuple[dict[str, float], PositionLosses | None]:
+    """Validation loss and bits per token/byte of the run's validation split (or `valid_data`),
+    and with `per_position` the loss at each position of those samples, from the same pass."""
     import torch
 
     from pretrain.data.dataset import build_datasets
     from pretrain.eval.harness import load_checkpoint
 
     model, tok, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
+    if rope_scaling is not None:
+        model.set_rope_scaling(rope_scaling)
     data = from_dict(DataConfig, config.get("data"), "data")
     if valid_data:
         # The builder also wants a train split; the given data serves as both.
@@ -235,10 +253,12 @@ def evaluate_validation(
         }
         for i in range(0, n, batch_size)
     )
+    positions = PositionLosses(seq_len) if per_position else None
     try:
         out = evaluate_loss(
             model,
             batches,
+            positions=positions,
             **({"chars_per_token": ratio} if unit == "char" else {"bytes_per_token": ratio}),
         )
     except ValueError as e:  # e.g. a split too small to hold one scored token
@@ -249,7 +269,7 @@ def evaluate_validation(
     out[f"{unit}s_per_token"] = ratio
     out["samples"] = n
     out["seq_len"] = seq_len
-    return out
+    return out, positions
 
 
 def valid_table(valid: dict[str, float]) -> str:
@@ -321,6 +341,20 @@ def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, d
         atomic_write(path, json.dumps(outcome.valid, indent=2) + "\n")
         outcome.files.append(path)
         lines += ["", "## Validation", "", valid_table(outcome.valid)]
+    if outcome.positions is not None:
+        rec = outcome.positions
+        outcome.files += write_positions(rec, out)
+        scaling = rec.get("rope_scaling")
+        lines += [
+            "",
+            "## Loss by position",
+            "",
+            f"Windows from the {rec['source']}; training length {rec['train_seq_len']}; RoPE "
+            f"scaling: {scaling['type'] + ' x' + format(scaling['factor'], 'g') if scaling else 'none'}. "
+            f"Per bucket: {POSITIONS_CSV}; curve: {POSITIONS_PNG}.",
+            "",
+            positions_table(rec),
+        ]
     path = out / RESULTS_MD
     atomic_write(path, "\n".join(lines) + "\n")
     outcome.files.append(path)
@@ -344,6 +378,10 @@ def evaluate(
     val_samples: int = 256,
     max_length: int | None = None,
     bootstrap_iters: int | None = None,
+    per_position: bool = False,
+    lengths: str | None = None,
+    stride: int | None = None,
+    rope_scaling: str | None = None,
 ) -> EvalOutcome:
     """Evaluate one checkpoint; see tools/evaluate.py for the meaning of each argument."""
     try:
@@ -351,8 +389,13 @@ def evaluate(
     except WeightsError as e:
         raise EvalError(str(e)) from None
     task_list = [] if tasks.strip().lower() in ("", "none") else resolve_tasks(tasks)
-    if not task_list and not val:
-        raise EvalError("nothing to do: --tasks none without --val")
+    if not task_list and not val and not lengths:
+        raise EvalError("nothing to do: --tasks none without --val or --lengths")
+    if per_position and not (val or lengths):
+        raise EvalError("--per-position needs --val (the validation samples) or --lengths")
+    if stride is not None and not lengths:
+        raise EvalError("--stride needs --lengths (it slides windows of those lengths)")
+    scaling = parse_rope_scaling(rope_scaling)
     outcome = EvalOutcome(
         output_dir=Path(output) if output else default_output_dir(wdir), weights_dir=wdir
     )
@@ -363,6 +406,7 @@ def evaluate(
             "dtype": dtype,
             **({"device": device} if device else {}),
             **({"max_length": max_length} if max_length else {}),
+            **({"rope_scaling": scaling} if scaling else {}),
         }
         outcome.results, outcome.skipped, outcome.truncated = run_harness(
             model_args,
@@ -373,20 +417,42 @@ def evaluate(
             skip_missing=skip_missing,
             bootstrap_iters=bootstrap_iters,
         )
+    label = (
+        wdir.parent.parent.name + "@" + wdir.name
+        if wdir.parent.name == CHECKPOINTS_DIR
+        else wdir.name
+    )
     if val:
-        outcome.valid = evaluate_validation(
+        outcome.valid, positions = evaluate_validation(
             wdir,
             valid_data=val_data,
             samples=val_samples,
             batch_size=min(batch_size, 16),
             device=device,
             dtype=dtype,
+            per_position=per_position and not lengths,
+            rope_scaling=scaling,
         )
-    label = (
-        wdir.parent.parent.name + "@" + wdir.name
-        if wdir.parent.name == CHECKPOINTS_DIR
-        else wdir.name
-    )
+        if positions is not None:
+            outcome.positions = positions_record(
+                [LengthResult.of(positions, positions.length, int(outcome.valid["samples"]))],
+                label=label,
+                train_seq_len=int(outcome.valid["seq_len"]),
+                rope_scaling=to_dict(scaling),
+                source="validation samples",
+            )
+    if lengths:
+        outcome.positions = evaluate_lengths(
+            wdir,
+            lengths=lengths,
+            stride=stride,
+            rope_scaling=scaling,
+            valid_data=val_data,
+            samples=val_samples,
+            device=device,
+            dtype=dtype,
+        )
+        outcome.positions["label"] = label
     evaluated = [t for t in task_list if t not in outcome.skipped]
     write_report(outcome, label=label, tasks=evaluated, limit=limit, data_dir=data_dir)
     return outcome

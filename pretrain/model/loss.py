@@ -178,6 +178,33 @@ def linear_cross_entropy(
     return loss, z_term
 
 
+@torch.no_grad()
+def token_losses(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """Each target's cross-entropy (fp32, targets' shape; 0 where ignored), a chunk of tokens
+    at a time as `linear_cross_entropy`'s forward computes it (the same logits, the same
+    log-sum-exp): loss by position costs no second forward and never holds whole logits."""
+    d = hidden.shape[-1]
+    h, t = hidden.reshape(-1, d), targets.reshape(-1)
+    valid = t != ignore_index
+    safe_t = torch.where(valid, t, torch.zeros_like(t))
+    out = torch.empty(t.shape, dtype=torch.float32, device=h.device)
+    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], t.numel())
+    for start in range(0, t.numel(), chunk):
+        end = min(start + chunk, t.numel())
+        logits = F.linear(h[start:end], weight).float()
+        picked = logits.gather(1, safe_t[start:end, None])[:, 0]
+        top = logits.amax(dim=-1, keepdim=True)
+        lse = logits.sub_(top).exp_().sum(dim=-1).log() + top[:, 0]
+        out[start:end] = torch.where(valid[start:end], lse - picked, 0.0)
+    return out.view(targets.shape)
+
+
 def reference_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -196,4 +223,5 @@ __all__ = [
     "default_chunk_tokens",
     "linear_cross_entropy",
     "reference_cross_entropy",
+    "token_losses",
 ]
