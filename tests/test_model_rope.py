@@ -3,6 +3,8 @@ under autocast, and the casts a bf16 autocast step makes (issue 16 item 2)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -83,3 +85,113 @@ def test_bf16_autocast_step_casts_q_and_k_only_in_qk_norm():
     casts = [e for e in prof.events() if e.name == "aten::_to_copy"]
     full = [e for e in casts if e.input_shapes and e.input_shapes[0] == heads_shape]
     assert len(full) == 8 * cfg.n_layers
+
+
+# ----------------------------------------------------------------------------- scaling
+
+
+def _hf_frequencies(kind: str, head_dim: int, rotary: int, params: dict, seq_len=None):
+    """transformers' own RoPE init function: Llama for full RoPE, GPT-NeoX for partial."""
+    from transformers import GPTNeoXConfig, LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": kind, "rope_theta": 500.0, **params}
+    common = dict(hidden_size=4 * head_dim, num_attention_heads=4, max_position_embeddings=64)
+    if rotary == head_dim:
+        cfg = LlamaConfig(**common, rope_parameters=rope)
+    else:
+        cfg = GPTNeoXConfig(
+            **common, rope_parameters={**rope, "partial_rotary_factor": rotary / head_dim}
+        )
+    kw = {} if seq_len is None else {"seq_len": seq_len}
+    return ROPE_INIT_FUNCTIONS[kind](cfg, "cpu", **kw)
+
+
+@pytest.mark.parametrize("rotary", [64, 16])  # full RoPE on Llama, 25% on GPT-NeoX
+def test_scaled_frequencies_equal_transformers(rotary):
+    from pretrain.config import RopeScalingConfig
+    from pretrain.model.rope import scaled_frequencies
+
+    def ours(kind, factor, seq_len=None, **kw):
+        return scaled_frequencies(rotary, 500.0, RopeScalingConfig(kind, factor, **kw), 64, seq_len)
+
+    cases = [
+        (ours("linear", 4.0), _hf_frequencies("linear", 64, rotary, {"factor": 4.0})),
+        (
+            ours("yarn", 4.0),
+            _hf_frequencies(
+                "yarn", 64, rotary, {"factor": 4.0, "original_max_position_embeddings": 64}
+            ),
+        ),
+        (
+            ours("yarn", 8.0, beta_fast=16, beta_slow=2, truncate=False),
+            _hf_frequencies(
+                "yarn",
+                64,
+                rotary,
+                {
+                    "factor": 8.0,
+                    "original_max_position_embeddings": 64,
+                    "beta_fast": 16,
+                    "beta_slow": 2,
+                    "truncate": False,
+                },
+            ),
+        ),
+        (
+            ours("dynamic_ntk", 2.0, seq_len=200),
+            _hf_frequencies("dynamic", 64, rotary, {"factor": 2.0}, 200),
+        ),
+        (
+            ours("dynamic_ntk", 2.0, seq_len=50),
+            _hf_frequencies("dynamic", 64, rotary, {"factor": 2.0}, 50),
+        ),
+        # Static NTK is transformers' dynamic at the length where its multiplier equals the
+        # factor: f L / L0 - (f - 1) = f  <=>  L = L0 (2f - 1) / f = 96 for f = 2, L0 = 64.
+        (ours("ntk", 2.0), _hf_frequencies("dynamic", 64, rotary, {"factor": 2.0}, 96)),
+    ]
+    for (inv, factor), (hf_inv, hf_factor) in cases:
+        assert inv.shape == hf_inv.shape == (rotary // 2,)
+        # transformers computes in fp32, we in fp64 rounded once: a few ulps apart.
+        torch.testing.assert_close(inv, hf_inv.float(), rtol=4e-7, atol=0)
+        assert factor == pytest.approx(hf_factor, rel=1e-12)
+    assert cases[1][0][1] == pytest.approx(0.1 * math.log(4.0) + 1)  # YaRN's attention factor
+
+
+def test_a_factor_of_one_leaves_the_cache_bit_identical():
+    from pretrain.config import RopeScalingConfig
+
+    plain = rope_cache(96, 16, 500.0)
+    for kind in ("linear", "ntk", "yarn", "dynamic_ntk"):
+        scaled = rope_cache(
+            96, 16, 500.0, scaling=RopeScalingConfig(kind, 1.0), original_len=32, seq_len=96
+        )
+        assert torch.equal(scaled[0], plain[0]) and torch.equal(scaled[1], plain[1]), kind
+    # and a factor above 1 does change it (the test above would pass for a no-op otherwise)
+    yarn = rope_cache(96, 16, 500.0, scaling=RopeScalingConfig("yarn", 2.0), original_len=32)
+    assert not torch.equal(yarn[0], plain[0])
+
+
+def test_dynamic_ntk_changes_only_past_the_original_length():
+    from pretrain.config import ModelConfig, RopeScalingConfig
+    from pretrain.model import Transformer
+
+    cfg = ModelConfig(
+        vocab_size=50,
+        pad_vocab_to_multiple=1,
+        n_layers=1,
+        d_model=32,
+        n_heads=2,
+        d_ff=32,
+        max_seq_len=16,
+        rope_scaling=RopeScalingConfig("dynamic_ntk", 2.0),
+    )
+    rope = Transformer(cfg).rope
+    plain = rope_cache(64, 16, 10000.0)
+    cos, _ = rope(0, 16)
+    assert torch.equal(cos, plain[0][:16])  # within the trained length: unscaled
+    cos, _ = rope(0, 64)
+    assert not torch.equal(cos, plain[0])
+    # the frequencies of a 64-token sequence, whatever window of it is asked for
+    tail, _ = rope(48, 16)
+    assert torch.equal(tail, cos[48:])
