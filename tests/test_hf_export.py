@@ -287,6 +287,53 @@ def config_exports(tmp_path_factory):
     return out
 
 
+# RoPE scaling exports: (name, architecture, scaling) -> the target each must land on.
+SCALED = {
+    "llama-yarn": ("llama", {"type": "yarn", "factor": 4.0}, "llama"),
+    "llama-linear": ("llama", {"type": "linear", "factor": 2.0}, "llama"),
+    "llama-ntk": ("llama", {"type": "ntk", "factor": 2.0}, "llama"),
+    "llama-dynamic_ntk": ("llama", {"type": "dynamic_ntk", "factor": 2.0}, "llama"),
+    "neox25-yarn": ("neox", {"type": "yarn", "factor": 2.0, "beta_fast": 16.0}, "gpt_neox"),
+    "neox25-dynamic_ntk": ("neox", {"type": "dynamic_ntk", "factor": 4.0}, "gpt_neox"),
+    "llama10-qknorm-yarn": ("remote", {"type": "yarn", "factor": 4.0}, REMOTE),
+    "llama10-qknorm-dynamic_ntk": ("remote", {"type": "dynamic_ntk", "factor": 2.0}, REMOTE),
+}
+SCALED_TRAIN_LEN = 32  # the models' max_seq_len; the child scores 2x that
+
+
+def scaled_config(arch: str, scaling: dict) -> ModelConfig:
+    from pretrain.config import RopeScalingConfig
+
+    shape = dict(vocab_size=300, pad_vocab_to_multiple=64, n_layers=2, d_model=64, d_ff=96)
+    shape |= dict(max_seq_len=SCALED_TRAIN_LEN, rope_scaling=RopeScalingConfig(**scaling))
+    if arch == "neox":
+        return ModelConfig(
+            **shape,
+            n_heads=4,
+            block="parallel",
+            norm="layernorm",
+            norm_bias=True,
+            mlp="gelu",
+            attn_bias=True,
+            rope_fraction=0.25,
+        )
+    heads = dict(n_heads=4, n_kv_heads=2, mlp_bias=False)
+    if arch == "remote":
+        return ModelConfig(**shape, **heads, rotary_dims=2 * 2, rope_fraction=None, qk_norm=True)
+    return ModelConfig(**shape, **heads)
+
+
+@pytest.fixture(scope="module")
+def scaled_exports(tmp_path_factory):
+    """name -> (model, export) for each RoPE scaling case of SCALED."""
+    root = tmp_path_factory.mktemp("hf_scaled")
+    out = {}
+    for i, (name, (arch, scaling, _)) in enumerate(SCALED.items()):
+        model = random_model(scaled_config(arch, scaling), 300 + i)
+        out[name] = (model, export_hf(model, root / name, card=False))
+    return out
+
+
 def _probe(tok) -> str:
     return "".join(c for c in TEXT if c in tok.chars) if isinstance(tok, CharTokenizer) else TEXT
 
@@ -303,12 +350,17 @@ def _job(model, export, tok, seed: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def loaded(exports, config_exports, tmp_path_factory):
+def loaded(exports, config_exports, scaled_exports, tmp_path_factory):
     """What transformers computes in a process that cannot import the toolkit, for each
     interpreter of PYTHONS: {python: {export name: results}}, and the job."""
     tmp = tmp_path_factory.mktemp("hf_child")
     job = {name: _job(m, e, tok, len(name)) for name, (m, tok, e) in exports.items()}
     job |= {name: _job(m, e, None, i) for i, (name, (m, e)) in enumerate(config_exports.items())}
+    for i, (name, (m, e)) in enumerate(scaled_exports.items()):
+        job[name] = _job(m, e, None, 500 + i)
+        g = torch.Generator().manual_seed(i)
+        # scored at twice the training length, where the scaling acts
+        job[name]["ids"] = torch.randint(0, 300, (2, 2 * SCALED_TRAIN_LEN), generator=g).tolist()
     (tmp / "job.json").write_text(json.dumps(job))
     (tmp / "child.py").write_text(CHILD)
     results = {}
@@ -379,6 +431,26 @@ def test_every_config_loads_in_plain_transformers_with_the_same_logits(
     versions = f"transformers {r['transformers']}, torch {r['torch']}"
     check_loaded(r[config_id(path)], versions, model, export, job[config_id(path)])
     assert export.remote_code == (choose_target(load_model_config(path)) == REMOTE)
+
+
+@pytest.mark.parametrize("python", sorted(PYTHONS))
+@pytest.mark.parametrize("name", sorted(SCALED))
+def test_rope_scaling_exports_compute_our_logits_at_twice_the_training_length(
+    name, python, scaled_exports, loaded
+):
+    """linear, ntk, yarn and dynamic NTK, on full RoPE (Llama), 25% (GPT-NeoX) and a
+    remote-code model: transformers' logits over 2x max_seq_len within 1e-4, and greedy
+    tokens through the KV cache past the training length, equal ours."""
+    results, job = loaded
+    model, export = scaled_exports[name]
+    assert export.target == SCALED[name][2]
+    r = results[python]
+    check_loaded(r[name], f"transformers {r['transformers']}", model, export, job[name])
+    back, _, _ = read_hf_folder(export.path)
+    assert back.cfg.rope_scaling is not None or SCALED[name][1]["type"] == "ntk"
+    ids = torch.tensor(job[name]["ids"])
+    with torch.no_grad():
+        assert torch.equal(back(ids), model(ids))  # imported back: the same model
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

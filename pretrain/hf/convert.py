@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pretrain.config import ConfigError, ModelConfig, from_dict
+from pretrain.config import ConfigError, ModelConfig, RopeScalingConfig, from_dict, to_dict
 from pretrain.errors import UserError
 from pretrain.model.transformer import Transformer
 
@@ -131,6 +131,64 @@ def _rotary_factor(rotary_dims: int, head_dim: int) -> float:
     return f
 
 
+def hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    """transformers' rope_parameters for our RoPE and its scaling (Llama, GPT-NeoX).
+
+    linear, yarn and dynamic_ntk have a rope_type of the same formula; static ntk is plain
+    RoPE with the larger theta it amounts to (theta x factor^(r / (r - 2)))."""
+    theta, s = float(cfg.rope_theta), cfg.rope_scaling
+    if s is None or s.factor == 1.0:
+        return {"rope_type": "default", "rope_theta": theta}
+    if s.type == "ntk":
+        r = cfg.rope_dims
+        return {"rope_type": "default", "rope_theta": theta * s.factor ** (r / (r - 2))}
+    if s.type == "linear":
+        return {"rope_type": "linear", "rope_theta": theta, "factor": s.factor}
+    if s.type == "dynamic_ntk":  # its original length is max_position_embeddings (hf_config)
+        return {"rope_type": "dynamic", "rope_theta": theta, "factor": s.factor}
+    out = {
+        "rope_type": "yarn",
+        "rope_theta": theta,
+        "factor": s.factor,
+        "original_max_position_embeddings": cfg.original_max_seq_len,
+        "beta_fast": s.beta_fast,
+        "beta_slow": s.beta_slow,
+        "truncate": s.truncate,
+    }
+    if s.attention_factor is not None:
+        out["attention_factor"] = s.attention_factor
+    return out
+
+
+def _scaling_from_hf(rope: dict[str, Any], max_positions: int) -> RopeScalingConfig | None:
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScalingConfig("linear", float(rope["factor"]))
+    if kind == "dynamic":
+        return RopeScalingConfig("dynamic_ntk", float(rope["factor"]), max_positions)
+    if kind == "yarn":
+        if rope.get("mscale") or rope.get("mscale_all_dim"):
+            raise HFConversionError(
+                "rope_type 'yarn' with mscale/mscale_all_dim (DeepSeek's variant) is not "
+                "supported; only transformers' plain YaRN converts exactly"
+            )
+        return RopeScalingConfig(
+            "yarn",
+            float(rope.get("factor") or 1.0),
+            int(rope["original_max_position_embeddings"]),
+            float(rope.get("beta_fast") or 32.0),
+            float(rope.get("beta_slow") or 1.0),
+            rope.get("attention_factor"),
+            bool(rope.get("truncate", True)),
+        )
+    raise HFConversionError(
+        f"rope_type {kind!r} (RoPE scaling) is not supported; linear, dynamic and yarn "
+        f"convert exactly"
+    )
+
+
 def hf_config(
     cfg: ModelConfig,
     target: str | None = None,
@@ -150,7 +208,10 @@ def hf_config(
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads,
         intermediate_size=cfg.d_ff,
-        max_position_embeddings=cfg.max_seq_len,
+        # transformers' dynamic NTK scales from max_position_embeddings: the trained length.
+        max_position_embeddings=cfg.original_max_seq_len
+        if cfg.rope_scaling is not None and cfg.rope_scaling.type == "dynamic_ntk"
+        else cfg.max_seq_len,
         tie_word_embeddings=cfg.tie_embeddings,
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
@@ -170,7 +231,7 @@ def hf_config(
             mlp_bias=cfg.mlp_bias,
             attention_dropout=cfg.dropout,
             head_dim=cfg.head_dim,
-            rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+            rope_parameters=hf_rope_parameters(cfg),
         )
     if target == "gpt_neox":
         from transformers import GPTNeoXConfig
@@ -184,11 +245,7 @@ def hf_config(
             attention_bias=True,
             attention_dropout=cfg.dropout,
             hidden_dropout=cfg.dropout,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": float(cfg.rope_theta),
-                "partial_rotary_factor": factor,
-            },
+            rope_parameters={**hf_rope_parameters(cfg), "partial_rotary_factor": factor},
         )
         # transformers 5.0 reads the factor from the legacy `rotary_pct` (default 0.25) and
         # overwrites rope_parameters' with it; later 5.x prefer rope_parameters. Written in
@@ -209,6 +266,7 @@ def hf_config(
         attention_bias=cfg.attn_bias,
         rotary_dims=cfg.rope_dims,
         rope_theta=cfg.rope_theta,
+        rotary_scaling=to_dict(cfg.rope_scaling),
         learned_pos_emb=cfg.learned_pos_emb,
         qk_norm=cfg.qk_norm,
         attn_logit_softcap=cfg.attn_logit_softcap,
@@ -270,7 +328,9 @@ def _forward_differences(
         "attn_logit_softcap",
         "tie_embeddings",
     )
-    out = [p for p in props if getattr(derived, p) != getattr(recorded, p)]
+    out = [p for p in props if p != "rope_theta" and getattr(derived, p) != getattr(recorded, p)]
+    if _effective_rope(derived) != _effective_rope(recorded):
+        out.append("rope_theta/rope_scaling")
     if derived.learned_pos_emb and derived.max_seq_len != recorded.max_seq_len:
         out.append("max_seq_len")
     for b in ("norm_bias", "mlp_bias", "attn_bias"):
@@ -282,19 +342,35 @@ def _forward_differences(
     return out
 
 
+def _effective_rope(cfg: ModelConfig) -> tuple[float, dict[str, Any] | None]:
+    """(theta, scaling) as the frequencies see them: static ntk is a larger theta, a factor of 1
+    is none, and the original length is spelled out."""
+    theta, s = float(cfg.rope_theta), cfg.rope_scaling
+    if s is None or s.factor == 1.0:
+        return theta, None
+    if s.type == "ntk":
+        return theta * s.factor ** (cfg.rope_dims / (cfg.rope_dims - 2)), None
+    scaling = to_dict(s)
+    scaling["original_max_seq_len"] = cfg.original_max_seq_len
+    if s.type != "yarn":
+        for k in ("beta_fast", "beta_slow", "attention_factor", "truncate"):
+            scaling.pop(k)
+    if s.type == "linear":
+        scaling.pop("original_max_seq_len")
+    return theta, scaling
+
+
 def _derived_config(hf_cfg) -> ModelConfig:
     kind = getattr(hf_cfg, "model_type", None)
     n_heads = hf_cfg.num_attention_heads
     head_dim = hf_cfg.hidden_size // n_heads
     if kind == REMOTE:
         theta = float(hf_cfg.rope_theta)
+        raw = getattr(hf_cfg, "rotary_scaling", None)
+        scaling = from_dict(RopeScalingConfig, raw, "rotary_scaling") if raw else None
     else:
         rope = dict(getattr(hf_cfg, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default":
-            raise HFConversionError(
-                f"rope_type {rope.get('rope_type')!r} (RoPE scaling) is not supported; "
-                f"only plain RoPE converts exactly"
-            )
+        scaling = _scaling_from_hf(rope, hf_cfg.max_position_embeddings)
         theta = float(rope.get("rope_theta", 10000.0))
     common = dict(
         vocab_size=hf_cfg.vocab_size,
@@ -305,6 +381,7 @@ def _derived_config(hf_cfg) -> ModelConfig:
         d_ff=hf_cfg.intermediate_size,
         max_seq_len=hf_cfg.max_position_embeddings,
         rope_theta=theta,
+        rope_scaling=scaling,
         rope_fraction=None,
         tie_embeddings=bool(hf_cfg.tie_word_embeddings),
         init_std=hf_cfg.initializer_range,

@@ -330,9 +330,7 @@ def model_from_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> T
     model.load_state_dict(state, strict=True, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.wte.weight
-    model.rope = type(model.rope)(
-        cfg.rope_dims, cfg.max_seq_len, cfg.rope_theta
-    )  # built on meta above
+    model.rope = type(model.rope).from_config(cfg)  # built on meta above
     return model.eval()
 
 

@@ -10,6 +10,7 @@ One config describes Llama-style and Pythia-style models and everything between:
     norm         "rmsnorm" or "layernorm" (norm_bias: LayerNorm with a bias)
     mlp          "swiglu" (down(silu(gate(x)) * up(x))) or "gelu" (down(gelu(up(x))))
     rotary_dims  RoPE on the first `rotary_dims` dims of each head (0 = NoPE), base rope_theta
+    rotary_scaling  RoPE scaling of those dims (linear, ntk, yarn, dynamic_ntk) or None
     qk_norm      normalize each head's query and key over head_dim, before RoPE
     attn_logit_softcap  attention logits -> cap * tanh(logits / cap); 0 = off
     learned_pos_emb  learned absolute positions added to the token embeddings
@@ -41,6 +42,7 @@ class RopeLMConfig(PretrainedConfig):
         attention_bias: bool = False,
         rotary_dims: int | None = None,
         rope_theta: float = 10000.0,
+        rotary_scaling: dict | None = None,
         learned_pos_emb: bool = False,
         qk_norm: bool = False,
         attn_logit_softcap: float = 0.0,
@@ -91,6 +93,10 @@ class RopeLMConfig(PretrainedConfig):
         self.attention_bias = attention_bias
         self.rotary_dims = rotary_dims
         self.rope_theta = float(rope_theta)
+        # RoPE scaling of the rotary dims: {type: linear|ntk|yarn|dynamic_ntk, factor,
+        # original_max_seq_len, beta_fast, beta_slow, attention_factor, truncate} or None.
+        # Not transformers' `rope_scaling`, which its configs rewrite into rope_parameters.
+        self.rotary_scaling = dict(rotary_scaling) if rotary_scaling else None
         self.learned_pos_emb = learned_pos_emb
         self.qk_norm = qk_norm
         self.attn_logit_softcap = float(attn_logit_softcap)

@@ -25,6 +25,8 @@ The cache is read under both of its names: `past_key_values` (transformers 5.0 t
 output field the installed version declares, so one exported folder works in every 5.x.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -69,12 +71,66 @@ def make_norm(config: RopeLMConfig, dim: int) -> nn.Module:
 # ----------------------------------------------------------------------------- RoPE
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, rotary_dims: int, theta: float):
-    """cos, sin of shape (B, 1, T, rotary_dims), fp32, for positions (B, T)."""
+def _frequencies(rotary_dims: int, theta: float) -> torch.Tensor:
     i = torch.arange(0, rotary_dims, 2, dtype=torch.float64)  # inverse frequencies in fp64
-    inv_freq = (1.0 / theta ** (i / rotary_dims)).to(position_ids.device, torch.float32)
+    return 1.0 / theta ** (i / rotary_dims)
+
+
+def scaled_frequencies(
+    rotary_dims: int, theta: float, scaling: dict | None, original: int, seq_len: int
+) -> tuple[torch.Tensor, float]:
+    """(fp64 inverse frequencies, cos/sin factor) under `rotary_scaling` (linear, ntk, yarn,
+    dynamic_ntk; transformers' formulas with dim = rotary_dims). The exporter's
+    pretrain/model/rope.py computes the same in the training code."""
+    r = rotary_dims
+    if not scaling or float(scaling.get("factor", 1.0)) == 1.0 or r == 0:
+        return _frequencies(r, theta), 1.0
+    f, kind = float(scaling["factor"]), scaling["type"]
+    original = int(scaling.get("original_max_seq_len") or original)
+    if kind == "linear":
+        return _frequencies(r, theta) / f, 1.0
+    if kind == "ntk":
+        return _frequencies(r, theta * f ** (r / (r - 2))), 1.0
+    if kind == "dynamic_ntk":
+        if seq_len <= original:
+            return _frequencies(r, theta), 1.0
+        return _frequencies(r, theta * ((f * seq_len / original) - (f - 1)) ** (r / (r - 2))), 1.0
+    if kind != "yarn":
+        raise ValueError(f"rotary_scaling type {kind!r} is unknown")
+
+    def correction_dim(rotations: float) -> float:
+        return (r * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low = correction_dim(float(scaling.get("beta_fast", 32.0)))
+    high = correction_dim(float(scaling.get("beta_slow", 1.0)))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(r // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    base = _frequencies(r, theta)
+    factor = scaling.get("attention_factor")
+    factor = float(factor) if factor is not None else 0.1 * math.log(f) + 1.0
+    return base / f * (1 - keep) + base * keep, factor
+
+
+def rotary_cos_sin(
+    position_ids: torch.Tensor,
+    rotary_dims: int,
+    theta: float,
+    scaling: dict | None = None,
+    original: int = 0,
+):
+    """cos, sin of shape (B, 1, T, rotary_dims), fp32, for positions (B, T)."""
+    seq_len = int(position_ids.max()) + 1 if position_ids.numel() else 0
+    inv, factor = scaled_frequencies(rotary_dims, theta, scaling, original, seq_len)
+    inv_freq = inv.to(position_ids.device, torch.float32)
     freqs = position_ids[..., None].float() * inv_freq  # (B, T, rotary_dims / 2)
     emb = torch.cat((freqs, freqs), dim=-1)
+    if factor != 1.0:
+        return (emb.cos() * factor)[:, None], (emb.sin() * factor)[:, None]
     return emb.cos()[:, None], emb.sin()[:, None]
 
 
@@ -278,7 +334,10 @@ class RopeLMModel(RopeLMPreTrainedModel):
                 )
             x = x + self.embed_positions(position_ids)
         x = self.drop(x)
-        cos, sin = rotary_cos_sin(position_ids, self.config.rotary_dims, self.config.rope_theta)
+        c = self.config
+        cos, sin = rotary_cos_sin(
+            position_ids, c.rotary_dims, c.rope_theta, c.rotary_scaling, c.max_position_embeddings
+        )
         for layer in self.layers:
             x = layer(x, cos, sin, attention_mask, past_key_values)
         return BaseModelOutputWithPast(
