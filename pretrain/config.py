@@ -336,6 +336,11 @@ class CheckpointConfig:
     # Before resuming, check the checkpoint's files against the sizes and CRC-32s its marker
     # recorded ("size": sizes only; "none": trust it); a damaged one falls back to the previous.
     verify: Literal["checksum", "size", "none"] = "checksum"
+    # Start a new run from another run's weights: "RUN" (its newest checkpoint), "RUN@STEP",
+    # or a checkpoint/weights folder. Fresh optimizer, schedule and data position; the model
+    # may differ in positions only (max_seq_len, RoPE fraction, theta, scaling), dropout and
+    # init. A checkpoint of this run, when there is one, is resumed instead.
+    init_from: str | None = None
 
 
 @dataclass

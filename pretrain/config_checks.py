@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pretrain.config import Config, ConfigError
 from pretrain.model.recompute import check_recompute
+from pretrain.model.weights import init_from_source
 
 
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
@@ -51,6 +52,9 @@ def check_run(cfg: Config, world_size: int, check_data: bool = True) -> None:
         if cfg.data.recipe is None:  # a recipe builds data.train[0] at start
             check_data_paths(cfg)
     check_wandb(cfg)
+    if cfg.checkpoint.init_from:
+        # The source exists and has this model's shape: fail now, not after the data is built.
+        init_from_source(cfg.checkpoint.init_from, cfg.model)
 
 
 def _check_train(cfg: Config) -> None:

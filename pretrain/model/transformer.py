@@ -232,7 +232,9 @@ class Transformer(nn.Module):
         p = next(self.parameters())
         cache = KVCache(self.cfg, B, total, device=p.device, dtype=p.dtype)
         out = input_ids
-        logits = self(input_ids, kv_cache=cache)[:, -1]
+        # The prompt's last position alone goes through the output layer: (B, vocab), not
+        # (B, T, vocab) logits of a long prompt.
+        logits = self.lm_head(self.hidden_states(input_ids, kv_cache=cache)[:, -1])
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         for _ in range(max_new_tokens):
             logits = logits.float()

@@ -11,6 +11,7 @@ Files are written to a temporary name and renamed, so a crash never leaves half 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,74 @@ def find_weights_dir(path: str | Path, step: int | None = None) -> Path:
             f"folder holding {WEIGHTS_FILE}"
         )
     return have[-1]
+
+
+# Model fields a run started from another run's weights may change: they set positions and
+# regularisation, not the parameters' shapes or the network's layers.
+INIT_FROM_FREE = (
+    "max_seq_len",
+    "rope_fraction",
+    "rotary_dims",
+    "rope_theta",
+    "rope_scaling",
+    "dropout",
+    "init",
+    "init_std",
+)
+
+
+def parse_init_from(spec: str) -> tuple[str, int | None]:
+    """'runs/x@600' -> ('runs/x', 600); 'runs/x' -> ('runs/x', None)."""
+    path, sep, step = spec.rpartition("@")
+    if sep and step.isdigit():
+        return path, int(step)
+    return spec, None
+
+
+def init_from_source(spec: str, target: ModelConfig) -> tuple[Path, ModelConfig]:
+    """(weights folder, its model config) of `checkpoint.init_from`, after checking that
+    `target` has the same shape; one line naming the fields otherwise."""
+    path, step = parse_init_from(spec)
+    try:
+        folder = find_weights_dir(path, step)
+    except WeightsError as e:
+        raise WeightsError(f"checkpoint.init_from={spec!r}: {e}") from None
+    source = from_dict(ModelConfig, read_config(folder).get("model"), "model")
+    changed = [
+        f"model.{f.name} {getattr(source, f.name)!r} -> {getattr(target, f.name)!r}"
+        for f in dataclasses.fields(ModelConfig)
+        if f.name not in INIT_FROM_FREE and getattr(source, f.name) != getattr(target, f.name)
+    ]
+    if source.learned_pos_emb and source.max_seq_len != target.max_seq_len:
+        changed.append(
+            f"model.max_seq_len {source.max_seq_len} -> {target.max_seq_len} (the learned "
+            f"position table)"
+        )
+    if changed:
+        raise WeightsError(
+            f"checkpoint.init_from={spec!r}: {folder} holds a model of another shape "
+            f"({'; '.join(changed)}); only {', '.join(INIT_FROM_FREE)} may change"
+        )
+    return folder, source
+
+
+@torch.no_grad()
+def load_initial_weights(model: Transformer, spec: str) -> Path:
+    """Copy the weights of `checkpoint.init_from` into `model` (in place, its device and
+    dtype); returns the folder they came from."""
+    from safetensors.torch import load_file
+
+    folder, source = init_from_source(spec, model.cfg)
+    if (folder / STATE_FILE).is_file():
+        problems = verify_checkpoint(folder, files=[WEIGHTS_FILE, CONFIG_FILE])
+        if problems:
+            raise WeightsError(
+                f"checkpoint.init_from={spec!r}: {folder} is damaged: {problems[0]}; use an "
+                f"earlier step (RUN@STEP)"
+            )
+    state = load_file(str(folder / WEIGHTS_FILE), device="cpu")
+    if source.tie_embeddings:
+        state["lm_head.weight"] = state["wte.weight"]
+    model.load_state_dict(state, strict=True)
+    return folder
+

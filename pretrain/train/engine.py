@@ -21,6 +21,7 @@ from pretrain.model.loss import linear_cross_entropy
 from pretrain.model.recompute import KEY as RECOMPUTE_KEY
 from pretrain.model.recompute import recompute_layers
 from pretrain.model.transformer import Transformer
+from pretrain.model.weights import load_initial_weights
 from pretrain.train.schedule import make_scheduler
 
 
@@ -163,6 +164,10 @@ def build_engine(cfg: Config, world_size: int, device: torch.device, recompute: 
     torch.manual_seed(t.seed)
     with torch.device(device):
         model = Transformer(cfg.model)
+    if cfg.checkpoint.init_from:
+        # Before DeepSpeed copies the parameters into its fp32 master partitions. A resume
+        # of this run's own checkpoint then overwrites them (and the optimizer state).
+        load_initial_weights(model, cfg.checkpoint.init_from)
     model.gradient_checkpointing = recompute
     if t.loss_backend != "chunked":
         model.loss_fn = functools.partial(linear_cross_entropy, backend=t.loss_backend)
