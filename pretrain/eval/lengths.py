@@ -9,7 +9,8 @@ from pretrain.errors import UserError
 
 
 class LengthError(UserError, ValueError):
-    """A --lengths, --stride or --rope-scaling value is wrong; the message says the fix."""
+    """A --lengths, --depths, --stride or --rope-scaling value is wrong; the message says the
+    fix."""
 
 
 def parse_lengths(text: str, train_len: int, flag: str = "--lengths") -> list[int]:
