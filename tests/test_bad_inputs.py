@@ -36,6 +36,7 @@ PROGRAMS = {
     "train_tokenizer": "pretrain.cli.train_tokenizer:main",
     "benchmark": "pretrain.cli.benchmark:main",
     "prepare_tasks": "pretrain.cli.prepare_tasks:main",
+    "passkey": "pretrain.cli.passkey:main",
 }
 
 
@@ -504,6 +505,23 @@ CASES = [
         "train_tokenizer",
         ["--input", "a", "--output", "b", "--vocab-size", "big"],
         "--vocab-size",
+    ),
+    # tools/passkey.py (lengths past a learned table, too short: tests/test_eval_passkey.py)
+    Case("passkey-no-run", "passkey", [], "--run"),
+    Case("passkey-run-missing", "passkey", ["--run", "{t}/nope"], "{t}/nope does not exist"),
+    Case(
+        "passkey-no-tokenizer", "passkey", ["--run", "{t}/w"], "has no tokenizer/ folder", weights()
+    ),
+    Case(
+        "passkey-depth-range", "passkey", ["--run", "{t}/w", "--depths", "0,1.5"], "--depths: 1.5"
+    ),
+    Case("passkey-depth-text", "passkey", ["--run", "{t}/w", "--depths", "mid"], "--depths: 'mid'"),
+    Case("passkey-trials", "passkey", ["--run", "{t}/w", "--trials", "0"], "--trials 0"),
+    Case(
+        "passkey-rope-scaling",
+        "passkey",
+        ["--run", "{t}/w", "--rope-scaling", "yarn:big"],
+        "the factor 'big' is not a number",
     ),
     # tools/benchmark.py (flags only: a benchmark itself is slow)
     Case("bench-no-area", "benchmark", [], "AREA"),

@@ -259,7 +259,9 @@ def test_sampling_respects_top_k_and_never_samples_padding():
 
 def test_learned_positions_refuse_past_their_table_and_rope_runs_on():
     learned = Transformer(tiny(max_seq_len=16, learned_pos_emb=True))
-    with pytest.raises(ValueError, match=r"learned position table \(model.learned_pos_emb, 16 rows"):
+    with pytest.raises(
+        ValueError, match=r"learned position table \(model.learned_pos_emb, 16 rows"
+    ):
         learned(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="learned position table"):
         learned.generate(torch.zeros(1, 10, dtype=torch.long), 7)

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class LengthError(UserError, ValueError):
-    """A --lengths, --stride or --rope-scaling value is wrong; the message says the fix."""
+    """A --lengths, --depths, --stride or --rope-scaling value is wrong; the message says the
+    fix."""
 
 
 def parse_lengths(text: str, train_len: int, flag: str = "--lengths") -> list[int]:
