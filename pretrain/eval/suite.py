@@ -22,9 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import DataConfig, RopeScalingConfig, from_dict, to_dict
+from pretrain.config import ConfigError, DataConfig, RopeScalingConfig, from_dict, to_dict
 from pretrain.errors import UserError
-from pretrain.eval.lengths import evaluate_lengths, parse_rope_scaling
+from pretrain.eval.lengths import (
+    LengthError,
+    check_lengths,
+    parse_lengths,
+    parse_rope_scaling,
+    train_length,
+    valid_entries,
+)
 from pretrain.eval.metrics import bytes_per_token, evaluate_loss
 from pretrain.eval.positions import (
     POSITIONS_CSV,
@@ -272,6 +279,76 @@ def evaluate_validation(
     return out, positions
 
 
+def evaluate_lengths(
+    weights_dir: Path,
+    *,
+    lengths: str,
+    stride: int | None = None,
+    rope_scaling: str | RopeScalingConfig | None = None,
+    valid_data: list[str] | None = None,
+    samples: int = 256,
+    batch_tokens: int = 16384,
+    device: str | None = None,
+    dtype: str = "auto",
+) -> dict[str, Any]:
+    """positions.json's record: loss by position at each of `lengths` on the validation stream.
+
+    Every length scores the same first N targets of the stream, N = samples x the training
+    length rounded down to a multiple of the longest length."""
+    from pretrain.data.dataset import DataError, read_token_stream
+    from pretrain.eval.harness import load_checkpoint
+    from pretrain.eval.positions import (
+        common_targets,
+        evaluate_length,
+        positions_record,
+    )
+
+    model, _, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
+    train_len = train_length(config, model.cfg.max_seq_len)
+    sizes = parse_lengths(lengths, train_len)
+    check_lengths(model, sizes)
+    if stride is not None:
+        if stride < 1:
+            raise LengthError(f"--stride {stride} must be a positive number of tokens")
+        if stride > min(sizes):
+            raise LengthError(
+                f"--stride {stride} is longer than the shortest window ({min(sizes)} tokens); "
+                f"use a stride of at most {min(sizes)}"
+            )
+    scaling = rope_scaling
+    if isinstance(scaling, str):
+        scaling = parse_rope_scaling(scaling)
+    if scaling is not None:
+        try:
+            model.set_rope_scaling(scaling)
+        except ConfigError as e:
+            raise LengthError(f"--rope-scaling: {e}") from None
+    entries = valid_entries(config, valid_data, weights_dir)
+    budget = samples * train_len
+    try:
+        stream = read_token_stream(entries, budget + 1)
+        n_targets = common_targets(len(stream), sizes, budget)
+    except DataError:
+        raise
+    except ValueError as e:
+        raise LengthError(str(e)) from None
+    results: list[LengthResult] = []
+    for L in sizes:
+        log.info("length %d: %d targets, stride %s", L, n_targets, stride or L)
+        results.append(
+            evaluate_length(
+                model, stream, L, stride, n_targets, batch_tokens=batch_tokens, progress=True
+            )
+        )
+    return positions_record(
+        results,
+        label="",
+        train_seq_len=train_len,
+        rope_scaling=to_dict(model.cfg.rope_scaling),
+        source="validation stream",
+    )
+
+
 def valid_table(valid: dict[str, float]) -> str:
     cols = [
         ("loss", "loss"),
@@ -463,6 +540,7 @@ __all__ = [
     "EvalOutcome",
     "default_output_dir",
     "evaluate",
+    "evaluate_lengths",
     "evaluate_validation",
     "run_harness",
     "write_report",

@@ -226,4 +226,3 @@ def load_initial_weights(model: Transformer, spec: str) -> Path:
         state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state, strict=True)
     return folder
-

@@ -260,10 +260,7 @@ class Trainer:
         if cfg.checkpoint.resume:
             self._resume()
         if self.resumed_from is None and cfg.checkpoint.init_from:
-            self.log(
-                f"initialised from the weights of {cfg.checkpoint.init_from} (fresh optimizer, "
-                f"schedule and data position)"
-            )
+            self.log(f"initialised from the weights of {cfg.checkpoint.init_from} (step 0)")
         if self.is_main:
             atomic_write(
                 self.layout.config, yaml.safe_dump(self.resolved, sort_keys=False), fsync=False
