@@ -51,10 +51,10 @@ def check_run(cfg: Config, world_size: int, check_data: bool = True) -> None:
         _check_data_fields(cfg)
         if cfg.data.recipe is None:  # a recipe builds data.train[0] at start
             check_data_paths(cfg)
+        if cfg.checkpoint.init_from:
+            # The source exists and has this model's shape: fail now, not after the data.
+            init_from_source(cfg.checkpoint.init_from, cfg.model)
     check_wandb(cfg)
-    if cfg.checkpoint.init_from:
-        # The source exists and has this model's shape: fail now, not after the data is built.
-        init_from_source(cfg.checkpoint.init_from, cfg.model)
 
 
 def _check_train(cfg: Config) -> None:

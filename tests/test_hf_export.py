@@ -175,10 +175,10 @@ def test_every_config_in_configs_exports():
                 and cfg.rope_dims > 0
             )
         ), path
-    # every config exports: 11 native (8 Llama, 3 GPT-NeoX) and 65 remote code, as README.md
+    # every config exports: 11 native (8 Llama, 3 GPT-NeoX) and 66 remote code, as README.md
     # and docs/model.md say (a new config updates them)
-    assert counts == {"llama": 8, "gpt_neox": 3, REMOTE: 65}, counts
-    assert len(CONFIG_FILES) == 76
+    assert counts == {"llama": 8, "gpt_neox": 3, REMOTE: 66}, counts
+    assert len(CONFIG_FILES) == 77
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(REPO / "configs")))
@@ -423,7 +423,7 @@ def test_family_loads_in_plain_transformers_with_the_same_logits(name, python, e
 def test_every_config_loads_in_plain_transformers_with_the_same_logits(
     path, python, config_exports, loaded
 ):
-    """Each of the 76 configs (its own head_dim, rotary dims and theta): logits within 1e-4 and
+    """Each of the 77 configs (its own head_dim, rotary dims and theta): logits within 1e-4 and
     32 identical greedy tokens through generate() and the exported model's KV cache."""
     results, job = loaded
     model, export = config_exports[config_id(path)]
