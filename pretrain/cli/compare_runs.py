@@ -1,20 +1,26 @@
-"""Compare runs: benchmark results and validation loss in one table, mean ± std over seeds.
+"""Compare runs: benchmark results, validation loss and loss at each evaluated length in one
+report, mean ± std over seeds.
 
     python tools/compare_runs.py runs/llama1b_rope10_s1 runs/llama1b_rope10_s2 runs/llama1b_nope_s1
     python tools/compare_runs.py runs/* --csv compare.csv --markdown compare.md --plot losses.png
     python tools/compare_runs.py runs/char_theta*_s* --baseline char_theta10000   # Welch t-tests
+    python tools/compare_runs.py runs/theta*_s* --positions-plot by_position.png  # loss by position
+    python tools/compare_runs.py runs/theta*_s* --positions --baseline theta10000  # t-tests per length
 
 Reads each run's config (seed; runs equal but for the seed form one group), its
-metrics (final and best valid/loss, valid/bits_per_byte) and the newest
-eval/<step>/lm_eval_results.json written by tools/evaluate.py. Accuracies are the paper's
-(acc_norm for ARC, LogiQA, PIQA, SciQ; acc for the others).
+metrics (final and best valid/loss, valid/bits_per_byte), the newest
+eval/<step>/lm_eval_results.json written by tools/evaluate.py and the newest
+eval/<step>/positions.json written by `tools/evaluate.py --val --per-position --lengths 1x,2x,4x,8x`
+(the table "Loss at each length"; a run without one shows as missing). Accuracies are the
+paper's (acc_norm for ARC, LogiQA, PIQA, SciQ; acc for the others).
 """
 
 import argparse
 from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.eval.compare import compare, markdown_report, to_csv
+from pretrain.eval.compare import compare, markdown_report, position_curves, to_csv
+from pretrain.eval.compare_positions import plot_position_curves
 from pretrain.run_layout import atomic_write
 
 
@@ -38,7 +44,8 @@ def main(argv=None) -> int:
         "--baseline",
         default=None,
         help="config group (or one of its runs) to test every other group against "
-        "with Welch's t-test on best and final validation loss (needs >= 2 seeds each)",
+        "with Welch's t-test on best and final validation loss, and on the loss at each "
+        "evaluated length (needs >= 2 seeds each)",
     )
     p.add_argument("--markdown", default=None, help="also write the markdown tables to this file")
     p.add_argument(
@@ -51,11 +58,27 @@ def main(argv=None) -> int:
     p.add_argument(
         "--csv",
         default=None,
-        help="write a CSV: one row per run and one per config group (with *_std columns)",
+        help="write a CSV: one row per run and one per config group (with *_std columns), and "
+        "one per group and evaluated length (kind 'length')",
+    )
+    p.add_argument(
+        "--positions",
+        action="store_true",
+        default=None,
+        help="include the table of loss at each evaluated length from eval/<step>/positions.json "
+        "(an error if no run has one; without the flag, included when some run has one)",
+    )
+    p.add_argument(
+        "--positions-plot",
+        default=None,
+        metavar="PNG",
+        help="also plot each group's loss by position (log x, mean ± std over seeds) at the "
+        "longest length it was evaluated at with disjoint windows, to this PNG",
     )
     args = p.parse_args(argv)
     runs, groups = compare(args.runs, args.eval_step)
-    report = markdown_report(runs, groups, args.baseline)
+    report = markdown_report(runs, groups, args.baseline, args.positions)
+    curves = position_curves(groups) if args.positions_plot else None  # errors before writing
     print(report)
     if args.markdown:
         _write(args.markdown, report)
@@ -67,4 +90,6 @@ def main(argv=None) -> int:
         from pretrain.eval.plots import plot_loss_curves
 
         print(f"wrote {plot_loss_curves(args.runs, args.plot)}")
+    if curves is not None:
+        print(f"wrote {plot_position_curves(curves, args.positions_plot)}")
     return 0

@@ -1,10 +1,13 @@
-"""Several runs -> one table: benchmark results and validation loss, grouped over seeds.
+"""Several runs -> one table: benchmark results, validation loss and loss at each evaluated
+length, grouped over seeds.
 
 Per run it reads (all optional, a missing piece shows as –):
     the run config                          the resolved config (seed and grouping)
     the run's metrics                       "valid/loss" (final = last logged, best = lowest)
                                             and "valid/bits_per_byte"
     RUN/eval/<step>/lm_eval_results.json    the newest evaluation (tools/evaluate.py)
+    RUN/eval/<step>/positions.json          the newest loss by position and window length
+                                            (tools/evaluate.py --val --per-position --lengths)
 
 Runs whose configs are equal except for the seed (and their own folder names) form one
 group; a group of several seeds shows mean ± std (sample std, n - 1).
@@ -18,7 +21,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,16 @@ import yaml
 
 from pretrain.config import yaml_error_message
 from pretrain.errors import UserError
+from pretrain.eval.compare_positions import (
+    NO_POSITIONS,
+    POSITIONS_JSON,
+    PositionCurve,
+    Positions,
+    length_titles,
+    mean_curve,
+    parse_positions,
+    scaling_text,
+)
 from pretrain.eval.tables import MISSING, PAPER_COLUMNS, PPL_COLUMNS, markdown_table, metric
 from pretrain.run_layout import CONFIG_FILE, EVAL_DIR, RunLayout, read_metrics, step_tag
 
@@ -57,8 +70,10 @@ class RunSummary:
     name: str
     seed: int | None
     group_key: str
-    values: dict[str, float] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)  # loss at a length: length_key()
     eval_file: Path | None = None
+    positions_file: Path | None = None
+    positions: Positions | None = None
 
 
 def _read_config(run: Path) -> dict[str, Any] | None:
@@ -95,13 +110,27 @@ def _valid_losses(run: Path) -> dict[str, float]:
     return out
 
 
-def _newest_eval(run: Path, step: int | None) -> Path | None:
+def _newest_eval(run: Path, step: int | None, name: str = RESULTS_JSON) -> Path | None:
     root = run / EVAL_DIR
     if step is not None:
-        path = root / step_tag(step) / RESULTS_JSON
+        path = root / step_tag(step) / name
         return path if path.is_file() else None
-    found = sorted(root.glob(f"step_*/{RESULTS_JSON}"))
+    found = sorted(root.glob(f"step_*/{name}"))
     return found[-1] if found else None
+
+
+def length_key(length: int) -> str:
+    """The RunSummary.values key of the mean loss over windows of `length` tokens."""
+    return f"loss@{length}"
+
+
+def _read_positions(path: Path) -> Positions:
+    try:
+        return parse_positions(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise CompareError(f"{path}: not valid JSON ({e})") from None
+    except ValueError as e:  # the schema, the field named
+        raise CompareError(f"{path}: not a positions.json of tools/evaluate.py ({e})") from None
 
 
 def summarize_run(run: str | Path, eval_step: int | None = None) -> RunSummary:
@@ -130,6 +159,11 @@ def summarize_run(run: str | Path, eval_step: int | None = None) -> RunSummary:
             m = metric(results, task, name)
             if m is not None:
                 summary.values[f"{task}/{name}"] = m[0]
+    summary.positions_file = _newest_eval(run, eval_step, POSITIONS_JSON)
+    if summary.positions_file is not None:
+        summary.positions = _read_positions(summary.positions_file)
+        for length, r in summary.positions.per_length().items():
+            summary.values[length_key(length)] = r.loss
     return summary
 
 
@@ -173,39 +207,109 @@ def runs_table(runs: list[RunSummary]) -> str:
     return markdown_table(header, rows)
 
 
+def _cell(s: tuple[float, float, int] | None) -> str:
+    """mean ± std, the value alone for one seed."""
+    if s is None:
+        return MISSING
+    return _fmt(s[0]) if s[2] == 1 else f"{_fmt(s[0])} ± {_fmt(s[1])}"
+
+
 def groups_table(groups: list[Group]) -> str:
     header = ["config", "seeds"] + [t for t, _ in COLUMNS]
-    rows = []
-    for g in groups:
-        cells = []
-        for _, key in COLUMNS:
-            s = g.stats(key)
-            if s is None:
-                cells.append(MISSING)
-            elif s[2] == 1:
-                cells.append(_fmt(s[0]))
-            else:
-                cells.append(f"{_fmt(s[0])} ± {_fmt(s[1])}")
-        rows.append([g.label, str(len(g.runs))] + cells)
+    rows = [[g.label, str(len(g.runs))] + [_cell(g.stats(k)) for _, k in COLUMNS] for g in groups]
     return markdown_table(header, rows)
 
 
+def _length_titles(groups: list[Group]) -> dict[int, str]:
+    return length_titles([r.positions for g in groups for r in g.runs if r.positions is not None])
+
+
+def require_positions(runs: list[RunSummary]) -> None:
+    """CompareError naming the fix when no run has a positions.json."""
+    if not any(r.positions is not None for r in runs):
+        raise CompareError(NO_POSITIONS)
+
+
+def lengths_table(groups: list[Group]) -> str:
+    """'Loss at each length': a row per group, a column per window length, mean ± std over the
+    seeds that have it ('(n=k)' where fewer than the group's seeds with a positions.json),
+    then the runs without a positions.json."""
+    titles = _length_titles(groups)
+    header = ["config", "seeds", "rope scaling"] + list(titles.values())
+    rows = []
+    for g in groups:
+        have = [r.positions for r in g.runs if r.positions is not None]
+        scaling = ", ".join(sorted({scaling_text(f.rope_scaling) for f in have})) or MISSING
+        cells = []
+        for length in titles:
+            s = g.stats(length_key(length))
+            cells.append(_cell(s) + (f" (n={s[2]})" if s is not None and s[2] < len(have) else ""))
+        rows.append([g.label, str(len(have)), scaling] + cells)
+    text = markdown_table(header, rows)
+    missing = [r.name for g in groups for r in g.runs if r.positions is None]
+    if missing:
+        text += f"\nmissing (no {POSITIONS_JSON}): {', '.join(missing)}\n"
+    return text
+
+
+def length_welch_tests(groups: list[Group], baseline: str) -> list[WelchResult]:
+    """welch_tests on the loss at each length; the metric is named '512 (2x)'."""
+    titles = _length_titles(groups)
+    results = welch_tests(groups, baseline, tuple(length_key(n) for n in titles))
+    by_key = {length_key(n): f"loss at {t}" for n, t in titles.items()}
+    return [replace(r, key=by_key[r.key]) for r in results]
+
+
+def position_curves(groups: list[Group]) -> list[PositionCurve]:
+    """Each group's mean loss by position over its seeds with a positions.json, at the longest
+    disjoint-window length they all have (the plot's data)."""
+    curves = []
+    for g in groups:
+        files = [r.positions for r in g.runs if r.positions is not None]
+        if files:
+            try:
+                curves.append(mean_curve(g.label, files))
+            except ValueError as e:
+                raise CompareError(str(e)) from None
+    if not curves:
+        require_positions([r for g in groups for r in g.runs])
+    return curves
+
+
 def to_csv(runs: list[RunSummary], groups: list[Group]) -> str:
-    """One row per run and one per group (kind = run | group); groups have *_std columns."""
+    """One row per run and one per group (kind = run | group); groups have *_std columns.
+    Where runs have a positions.json, also one row per group and length (kind = length) with
+    the columns length, length_loss, length_loss_std (n: the seeds that have the length)."""
     keys = [k for _, k in COLUMNS]
+    lengths = list(_length_titles(groups))
+    pad = ["", "", ""] if lengths else []
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["kind", "name", "group", "seed", "n"] + [x for k in keys for x in (k, f"{k}_std")])
+    w.writerow(
+        ["kind", "name", "group", "seed", "n"]
+        + [x for k in keys for x in (k, f"{k}_std")]
+        + (["length", "length_loss", "length_loss_std"] if lengths else [])
+    )
     label = {id(r): g.label for g in groups for r in g.runs}
     for r in runs:
         vals = [x for k in keys for x in (r.values.get(k, ""), "")]
-        w.writerow(["run", r.name, label[id(r)], "" if r.seed is None else r.seed, 1] + vals)
+        w.writerow(["run", r.name, label[id(r)], "" if r.seed is None else r.seed, 1] + vals + pad)
     for g in groups:
         vals = []
         for k in keys:
             s = g.stats(k)
             vals += ["", ""] if s is None else [s[0], "" if math.isnan(s[1]) else s[1]]
-        w.writerow(["group", g.label, g.label, "", len(g.runs)] + vals)
+        w.writerow(["group", g.label, g.label, "", len(g.runs)] + vals + pad)
+    for g in groups:
+        for length in lengths:
+            s = g.stats(length_key(length))
+            if s is not None:
+                std = "" if math.isnan(s[1]) else s[1]
+                w.writerow(
+                    ["length", g.label, g.label, "", s[2]]
+                    + [""] * 2 * len(keys)
+                    + [length, s[0], std]
+                )
     return buf.getvalue()
 
 
@@ -303,19 +407,31 @@ def welch_table(results: list[WelchResult], baseline: str) -> str:
 
 
 def markdown_report(
-    runs: list[RunSummary], groups: list[Group], baseline: str | None = None
+    runs: list[RunSummary],
+    groups: list[Group],
+    baseline: str | None = None,
+    positions: bool | None = None,
 ) -> str:
+    """The tables as markdown. `positions`: the loss at each length (True: required; None: when
+    some run has a positions.json)."""
     parts = ["## Runs", "", runs_table(runs)]
     if any(len(g.runs) > 1 for g in groups):
         parts += ["", "## Configs (mean ± std over seeds)", "", groups_table(groups)]
+    none = "(no group with at least two seeds on both sides)"
     if baseline is not None:
         results = welch_tests(groups, baseline)
         parts += ["", f"## Welch t-tests against {baseline}", ""]
-        parts += [
-            welch_table(results, baseline)
-            if results
-            else "(no group with at least two seeds on both sides)"
-        ]
+        parts += [welch_table(results, baseline) if results else none]
+    if positions is None:
+        positions = any(r.positions is not None for r in runs)
+    if positions:
+        require_positions(runs)
+        parts += ["", "## Loss at each length (nats per token, mean ± std over seeds)", ""]
+        parts += [lengths_table(groups)]
+        if baseline is not None:
+            results = length_welch_tests(groups, baseline)
+            parts += ["", f"## Welch t-tests against {baseline}, loss at each length", ""]
+            parts += [welch_table(results, baseline) if results else none]
     return "\n".join(parts)
 
 
@@ -328,7 +444,12 @@ __all__ = [
     "compare",
     "group_runs",
     "groups_table",
+    "length_key",
+    "length_welch_tests",
+    "lengths_table",
     "markdown_report",
+    "position_curves",
+    "require_positions",
     "runs_table",
     "summarize_run",
     "to_csv",
