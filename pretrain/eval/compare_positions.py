@@ -14,13 +14,12 @@ the predicting token in its window). pretrain/eval/compare.py reads it for each 
 
 from __future__ import annotations
 
-import io
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.run_layout import atomic_write
+from pretrain.eval.plots import save_png
 
 POSITIONS_JSON = "positions.json"
 
@@ -214,13 +213,7 @@ def plot_position_curves(curves: list[PositionCurve], out: str | Path) -> Path:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write(out, buf.getvalue(), fsync=False)
-    return out
+    return save_png(fig, out)
 
 
 __all__ = [

@@ -41,6 +41,7 @@ import torch
 from tqdm import tqdm
 
 from pretrain.eval.lengths import LengthError
+from pretrain.eval.plots import save_png
 from pretrain.eval.tables import markdown_table
 from pretrain.run_layout import atomic_write
 
@@ -464,12 +465,7 @@ def plot_passkey(grid: PasskeyGrid, out: str | Path) -> Path:
     )
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    out = Path(out)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write(out, buf.getvalue(), fsync=False)
-    return out
+    return save_png(fig, out)
 
 
 def write_passkey(grid: PasskeyGrid, out_dir: str | Path) -> list[Path]:

@@ -45,6 +45,19 @@ def read_curves(run: str | Path) -> Curves:
     return curves
 
 
+def save_png(fig, out: str | Path, dpi: int = 120) -> Path:
+    """Write a matplotlib figure as a PNG (atomically: a crash leaves the old file) and close it."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write(out, buf.getvalue(), fsync=False)
+    return out
+
+
 def _nearest_finite(losses: dict[int, float], step: int) -> float:
     """The loss at `step`, or at the nearest earlier step where it is finite."""
     finite = [(s, v) for s, v in losses.items() if s <= step and math.isfinite(v)]
@@ -137,10 +150,4 @@ def plot_loss_curves(
     ax.set_title(title + "".join(", " + m for m in marks), fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write(out, buf.getvalue(), fsync=False)
-    return out
+    return save_png(fig, out)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pretrain.eval.plots import save_png
 from pretrain.model.loss import IGNORE_INDEX, token_losses
 from pretrain.run_layout import atomic_write
 
@@ -303,11 +304,7 @@ def plot_positions(record: dict[str, Any], path: Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
-    return path
+    return save_png(fig, path)
 
 
 def write_positions(record: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -328,7 +328,7 @@ def evaluate_lengths(
     try:
         stream = read_token_stream(entries, budget + 1)
         n_targets = common_targets(len(stream), sizes, budget)
-    except DataError:
+    except DataError:  # a ValueError too, but its own message already names file and fix
         raise
     except ValueError as e:
         raise LengthError(str(e)) from None
