@@ -228,7 +228,7 @@ def loss_curve(base, growth):
     return loss_at
 
 
-def write_positions(run, base, growth, step=100, rope_scaling=None):
+def write_positions(run, base, growth, step=100, rope_scaling=None, folder_suffix=""):
     """positions.json at 1x, 2x, 4x (disjoint windows) and 8x with overlapping windows; 4x
     also with overlapping windows (listed first, and lower: the table and the plot take the
     disjoint ones)."""
@@ -245,7 +245,7 @@ def write_positions(run, base, growth, step=100, rope_scaling=None):
         "rope_scaling": rope_scaling,
         "results": results,
     }
-    ev = run / "eval" / f"step_{step:07d}"
+    ev = run / "eval" / f"step_{step:07d}{folder_suffix}"
     ev.mkdir(parents=True, exist_ok=True)
     (ev / "positions.json").write_text(json.dumps(data))
     return data
@@ -408,3 +408,28 @@ def test_seeds_evaluated_at_fewer_lengths(tmp_path, capsys):
     assert row in capsys.readouterr().out
     (curve,) = position_curves(compare([s1, s2])[1])
     assert (curve.length, curve.n, len(curve.x)) == (512, 2, 257)  # the longest both have
+
+
+def test_evaluations_with_rope_scaling_are_compared_apart(tmp_path, capsys):
+    """tools/evaluate.py --rope-scaling yarn:4 writes RUN/eval/<step>_yarn4/; compare_runs reads
+    the model's own evaluations by default and those with --rope-scaling yarn:4, never a mix."""
+    cli = load_cli()
+    run = make_run(tmp_path, "rope10_seed1", 1, 10000.0, [(100, 3.0)])
+    own = write_positions(run, 2.0, 0.5)
+    scaled = write_positions(
+        run, 2.0, 0.1, step=50, rope_scaling={"type": "yarn", "factor": 4.0}, folder_suffix="_yarn4"
+    )
+    write_positions(run, 9.0, 0.1, step=100, folder_suffix="_linear2")  # another scaling
+
+    def losses(argv):
+        assert cli.main([str(run), "--positions", *argv, "--csv", str(tmp_path / "c.csv")]) == 0
+        rows = csv.DictReader(io.StringIO((tmp_path / "c.csv").read_text()))
+        return {int(r["length"]): float(r["length_loss"]) for r in rows if r["kind"] == "length"}
+
+    lengths = [TRAIN_LEN, 2 * TRAIN_LEN, 4 * TRAIN_LEN, 8 * TRAIN_LEN]
+    assert losses([]) == {n: _loss(own, n) for n in lengths}
+    assert "yarn" not in capsys.readouterr().out
+    assert losses(["--rope-scaling", "yarn:4"]) == {n: _loss(scaled, n) for n in lengths}
+    assert "yarn x4" in capsys.readouterr().out
+    assert cli.main([str(run), "--positions", "--rope-scaling", "ntk:2"]) == 2
+    assert "no run has an eval/<step>/positions.json" in capsys.readouterr().err

@@ -301,3 +301,25 @@ def test_evaluate_lengths_refuses_learned_positions_with_one_line(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0
     assert len(err) == 1 and "learned position table (16 positions" in err[0], err
+
+
+def test_a_scaled_evaluation_never_overwrites_the_models_own(byte_run):
+    """Without --output, --rope-scaling writes RUN/eval/<step>_<scaling>/: the model's own
+    results stay, and two scalings differing in any field get two folders."""
+    from pretrain.eval.lengths import parse_rope_scaling, scaling_tag
+
+    run, _ = byte_run
+    argv = ["--run", str(run), "--tasks", "none", "--lengths", "1x,2x", "--val-samples", "4"]
+    assert evaluate_cli(argv) == 0
+    own = run / "eval" / "step_0000001" / "positions.json"
+    before = own.read_bytes()
+    assert evaluate_cli([*argv, "--rope-scaling", "yarn:4"]) == 0
+    assert own.read_bytes() == before
+    scaled = json.loads((run / "eval" / "step_0000001_yarn4" / "positions.json").read_text())
+    assert scaled["rope_scaling"]["factor"] == 4.0 and json.loads(before)["rope_scaling"] is None
+    tags = {
+        scaling_tag(parse_rope_scaling(s))
+        for s in ("yarn:4", "yarn:2", "linear:4", "{type: yarn, factor: 4, beta_fast: 16}")
+    }
+    assert len(tags) == 4 and "yarn4" in tags and scaling_tag(None) == ""
+    assert scaling_tag(parse_rope_scaling("linear:1.5")) == "linear1p5"

@@ -6,6 +6,7 @@ report, mean ± std over seeds.
     python tools/compare_runs.py runs/char_theta*_s* --baseline char_theta10000   # Welch t-tests
     python tools/compare_runs.py runs/theta*_s* --positions-plot by_position.png  # loss by position
     python tools/compare_runs.py runs/theta*_s* --positions --baseline theta10000  # t-tests per length
+    python tools/compare_runs.py runs/theta*_s* --positions --rope-scaling yarn:8    # evaluated with YaRN
 
 Reads each run's config (seed; runs equal but for the seed form one group), its
 metrics (final and best valid/loss, valid/bits_per_byte), the newest
@@ -21,6 +22,7 @@ from pathlib import Path
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.eval.compare import compare, markdown_report, position_curves, to_csv
 from pretrain.eval.compare_positions import plot_position_curves
+from pretrain.eval.lengths import parse_rope_scaling, scaling_tag
 from pretrain.run_layout import atomic_write
 
 
@@ -75,8 +77,16 @@ def main(argv=None) -> int:
         help="also plot each group's loss by position (log x, mean ± std over seeds) at the "
         "longest length it was evaluated at with disjoint windows, to this PNG",
     )
+    p.add_argument(
+        "--rope-scaling",
+        default=None,
+        metavar="SPEC",
+        help="read the evaluations made with this --rope-scaling of tools/evaluate.py "
+        "(RUN/eval/<step>_yarn8/) instead of the model's own (default: none)",
+    )
     args = p.parse_args(argv)
-    runs, groups = compare(args.runs, args.eval_step)
+    scaling = scaling_tag(parse_rope_scaling(args.rope_scaling))
+    runs, groups = compare(args.runs, args.eval_step, scaling)
     report = markdown_report(runs, groups, args.baseline, args.positions)
     curves = position_curves(groups) if args.positions_plot else None  # errors before writing
     print(report)

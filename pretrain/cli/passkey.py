@@ -133,7 +133,9 @@ def main(argv=None) -> int:
         dtype=str(param.dtype).removeprefix("torch."),
         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
-    files = write_passkey(grid, Path(args.output) if args.output else default_output_dir(wdir))
+    files = write_passkey(
+        grid, Path(args.output) if args.output else default_output_dir(wdir, scaling)
+    )
     print(f"# Passkey retrieval of {label}\n")
     print(f"accuracy (correct/trials), greedy, exact match; {grid.overall:.2f} overall\n")
     print(grid.markdown())

@@ -110,12 +110,17 @@ def _valid_losses(run: Path) -> dict[str, float]:
     return out
 
 
-def _newest_eval(run: Path, step: int | None, name: str = RESULTS_JSON) -> Path | None:
+def _newest_eval(
+    run: Path, step: int | None, name: str = RESULTS_JSON, scaling: str = ""
+) -> Path | None:
+    """RUN/eval/<step tag>[_<scaling tag>]/name of `step`, or of the newest step."""
+    suffix = f"_{scaling}" if scaling else ""
     root = run / EVAL_DIR
     if step is not None:
-        path = root / step_tag(step) / name
+        path = root / (step_tag(step) + suffix) / name
         return path if path.is_file() else None
-    found = sorted(root.glob(f"step_*/{name}"))
+    folder = re.compile(r"step_\d+" + re.escape(suffix))
+    found = sorted(p for p in root.glob(f"step_*/{name}") if folder.fullmatch(p.parent.name))
     return found[-1] if found else None
 
 
@@ -133,7 +138,9 @@ def _read_positions(path: Path) -> Positions:
         raise CompareError(f"{path}: not a positions.json of tools/evaluate.py ({e})") from None
 
 
-def summarize_run(run: str | Path, eval_step: int | None = None) -> RunSummary:
+def summarize_run(run: str | Path, eval_step: int | None = None, scaling: str = "") -> RunSummary:
+    """One run's figures; `scaling` (a lengths.scaling_tag) reads the evaluations made with
+    that RoPE scaling instead of the model's own."""
     run = Path(run)
     if not run.is_dir():
         raise CompareError(f"run folder not found: {run}")
@@ -149,7 +156,7 @@ def summarize_run(run: str | Path, eval_step: int | None = None) -> RunSummary:
         group_key = "name:" + _SEED_SUFFIX.sub("", run.name)
     summary = RunSummary(path=run, name=run.name, seed=seed, group_key=group_key)
     summary.values.update(_valid_losses(run))
-    summary.eval_file = _newest_eval(run, eval_step)
+    summary.eval_file = _newest_eval(run, eval_step, RESULTS_JSON, scaling)
     if summary.eval_file is not None:
         try:
             results = json.loads(summary.eval_file.read_text())
@@ -159,7 +166,7 @@ def summarize_run(run: str | Path, eval_step: int | None = None) -> RunSummary:
             m = metric(results, task, name)
             if m is not None:
                 summary.values[f"{task}/{name}"] = m[0]
-    summary.positions_file = _newest_eval(run, eval_step, POSITIONS_JSON)
+    summary.positions_file = _newest_eval(run, eval_step, POSITIONS_JSON, scaling)
     if summary.positions_file is not None:
         summary.positions = _read_positions(summary.positions_file)
         for length, r in summary.positions.per_length().items():
@@ -314,11 +321,11 @@ def to_csv(runs: list[RunSummary], groups: list[Group]) -> str:
 
 
 def compare(
-    run_dirs: list[str | Path], eval_step: int | None = None
+    run_dirs: list[str | Path], eval_step: int | None = None, scaling: str = ""
 ) -> tuple[list[RunSummary], list[Group]]:
     if not run_dirs:
         raise CompareError("give at least one run folder")
-    runs = [summarize_run(r, eval_step) for r in run_dirs]
+    runs = [summarize_run(r, eval_step, scaling) for r in run_dirs]
     return runs, group_runs(runs)
 
 

@@ -73,6 +73,27 @@ def parse_rope_scaling(text: str | None, flag: str = "--rope-scaling") -> RopeSc
         raise LengthError(f"{flag}: {e}") from None
 
 
+def scaling_tag(scaling: RopeScalingConfig | None) -> str:
+    """The suffix that keeps a scaled evaluation's files apart from the unscaled ones
+    (RUN/eval/step_0012000 and RUN/eval/step_0012000_yarn4): '' for none, TYPE + factor, and
+    a short hash of the other fields where they are not the defaults."""
+    if scaling is None:
+        return ""
+    import dataclasses
+    import hashlib
+    import json
+
+    tag = f"{scaling.type}{scaling.factor:g}".replace(".", "p")
+    rest = {
+        f.name: getattr(scaling, f.name)
+        for f in dataclasses.fields(scaling)
+        if f.name not in ("type", "factor") and getattr(scaling, f.name) != f.default
+    }
+    if rest:
+        tag += "-" + hashlib.sha1(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:6]
+    return tag
+
+
 def check_lengths(model: Any, lengths: list[int], flag: str = "--lengths") -> None:
     """Learned positions cannot run past their table: one line instead of an index error."""
     table = model.max_positions
@@ -103,5 +124,7 @@ __all__ = [
     "check_lengths",
     "parse_lengths",
     "parse_rope_scaling",
+    "scaling_tag",
     "train_length",
+    "valid_entries",
 ]

@@ -29,6 +29,7 @@ from pretrain.eval.lengths import (
     check_lengths,
     parse_lengths,
     parse_rope_scaling,
+    scaling_tag,
     train_length,
     valid_entries,
 )
@@ -71,11 +72,14 @@ class EvalOutcome:
     truncated: tuple[int, int] = (0, 0)  # (requests whose context was cut on the left, requests)
 
 
-def default_output_dir(weights_dir: Path) -> Path:
-    """RUN/eval/<step tag> for a checkpoint of a run; WEIGHTS/eval otherwise."""
+def default_output_dir(weights_dir: Path, scaling: RopeScalingConfig | None = None) -> Path:
+    """RUN/eval/<step tag> for a checkpoint of a run; WEIGHTS/eval otherwise. An evaluation
+    with RoPE scaling gets its own folder (<step tag>_yarn4), so it never overwrites the
+    model's own results."""
+    suffix = f"_{scaling_tag(scaling)}" if scaling is not None else ""
     if weights_dir.parent.name == CHECKPOINTS_DIR:
-        return weights_dir.parent.parent / EVAL_DIR / weights_dir.name
-    return weights_dir / EVAL_DIR
+        return weights_dir.parent.parent / EVAL_DIR / (weights_dir.name + suffix)
+    return weights_dir / (EVAL_DIR + suffix)
 
 
 def prepared_data_dir(data_dir: Path) -> Path:
@@ -474,7 +478,8 @@ def evaluate(
         raise EvalError("--stride needs --lengths (it slides windows of those lengths)")
     scaling = parse_rope_scaling(rope_scaling)
     outcome = EvalOutcome(
-        output_dir=Path(output) if output else default_output_dir(wdir), weights_dir=wdir
+        output_dir=Path(output) if output else default_output_dir(wdir, scaling),
+        weights_dir=wdir,
     )
     if task_list:
         model_args = {
