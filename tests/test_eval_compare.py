@@ -8,6 +8,7 @@ import json
 import math
 import statistics
 
+import pytest
 import yaml
 
 from pretrain.config import Config, to_dict
@@ -433,3 +434,31 @@ def test_evaluations_with_rope_scaling_are_compared_apart(tmp_path, capsys):
     assert "yarn x4" in capsys.readouterr().out
     assert cli.main([str(run), "--positions", "--rope-scaling", "ntk:2"]) == 2
     assert "no run has an eval/<step>/positions.json" in capsys.readouterr().err
+
+
+def test_per_octave_merges_buckets_into_exact_token_weighted_losses(tmp_path, capsys):
+    from pretrain.eval.compare_positions import coarsen, parse_positions
+
+    run = make_run(tmp_path, "rope10_seed1", 1, 10000.0, [(100, 3.0)])
+    data = write_positions(run, 2.0, 0.3)
+    result = next(
+        r for r in parse_positions(data).results if r.length == r.stride == 4 * TRAIN_LEN
+    )
+    merged = coarsen(result.buckets, 8)
+    # The merged buckets tile the window, and each loss is the loss over its positions.
+    assert merged[0].start == 0 and merged[-1].end == 4 * TRAIN_LEN
+    assert all(a.end == b.start for a, b in zip(merged, merged[1:], strict=False))
+    assert [b.end - b.start for b in merged[:8]] == [1] * 8  # the first positions stay apart
+    assert 8 * 6 < len(merged) <= 8 * 10 + 1  # about 8 per octave of 1024 positions
+    assert sum(b.tokens for b in merged) == result.tokens
+    for b in merged:
+        inner = [x for x in result.buckets if b.start <= x.start < b.end]
+        want = sum(x.loss * x.tokens for x in inner) / sum(x.tokens for x in inner)
+        assert b.loss == pytest.approx(want, rel=1e-12)
+    png = tmp_path / "p.png"
+    assert load_cli().main([str(run), "--positions-plot", str(png), "--per-octave", "8"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        load_cli().main([str(run), "--positions-plot", str(png), "--per-octave", "0"])
+    assert e.value.code == 2 and "--per-octave 0" in capsys.readouterr().err

@@ -78,6 +78,15 @@ def main(argv=None) -> int:
         "longest length it was evaluated at with disjoint windows, to this PNG",
     )
     p.add_argument(
+        "--per-octave",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --positions-plot: merge the buckets into about K per octave of position "
+        "(token-weighted, so each point is the exact loss over its positions) for a smoother "
+        "curve; default: the buckets as evaluated (every position below 256)",
+    )
+    p.add_argument(
         "--rope-scaling",
         default=None,
         metavar="SPEC",
@@ -88,7 +97,11 @@ def main(argv=None) -> int:
     scaling = scaling_tag(parse_rope_scaling(args.rope_scaling))
     runs, groups = compare(args.runs, args.eval_step, scaling)
     report = markdown_report(runs, groups, args.baseline, args.positions)
-    curves = position_curves(groups) if args.positions_plot else None  # errors before writing
+    if args.per_octave is not None and args.per_octave < 1:
+        p.error(f"--per-octave {args.per_octave}: give a whole number of buckets >= 1, e.g. 8")
+    curves = (
+        position_curves(groups, args.per_octave) if args.positions_plot else None
+    )  # errors before writing
     print(report)
     if args.markdown:
         _write(args.markdown, report)

@@ -267,15 +267,15 @@ def length_welch_tests(groups: list[Group], baseline: str) -> list[WelchResult]:
     return [replace(r, key=by_key[r.key]) for r in results]
 
 
-def position_curves(groups: list[Group]) -> list[PositionCurve]:
+def position_curves(groups: list[Group], per_octave: int | None = None) -> list[PositionCurve]:
     """Each group's mean loss by position over its seeds with a positions.json, at the longest
-    disjoint-window length they all have (the plot's data)."""
+    disjoint-window length they all have (the plot's data); `per_octave`: see `coarsen`."""
     curves = []
     for g in groups:
         files = [r.positions for r in g.runs if r.positions is not None]
         if files:
             try:
-                curves.append(mean_curve(g.label, files))
+                curves.append(mean_curve(g.label, files, per_octave))
             except ValueError as e:
                 raise CompareError(str(e)) from None
     if not curves:

@@ -14,6 +14,7 @@ the predicting token in its window). pretrain/eval/compare.py reads it for each 
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,9 +158,26 @@ class PositionCurve:
     n: int  # seeds
 
 
-def mean_curve(label: str, files: list[Positions]) -> PositionCurve:
+def coarsen(buckets: tuple[Bucket, ...], per_octave: int) -> tuple[Bucket, ...]:
+    """The buckets merged into about `per_octave` per octave of position (a bucket joins the
+    group of floor(per_octave * log2(start + 1))), each merged loss the token-weighted mean: the
+    exact loss over the merged positions. The first positions stay apart (0, 1, 2, 3, ...: under
+    one token per group there), the long tail gets the sample size a smooth curve needs."""
+    groups: dict[int, list[Bucket]] = {}
+    for b in buckets:
+        groups.setdefault(math.floor(per_octave * math.log2(b.start + 1) + 1e-9), []).append(b)
+    out = []
+    for members in groups.values():
+        tokens = sum(b.tokens for b in members)
+        loss = sum(b.loss * b.tokens for b in members) / tokens if tokens else math.nan
+        out.append(Bucket(members[0].start, members[-1].end, loss, tokens))
+    return tuple(out)
+
+
+def mean_curve(label: str, files: list[Positions], per_octave: int | None = None) -> PositionCurve:
     """The mean (and std) over `files`, one per seed, of the loss in each bucket, at the longest
-    disjoint-window length every seed has. ValueError when they share none."""
+    disjoint-window length every seed has; with `per_octave`, of the buckets `coarsen`ed to that
+    many per octave. ValueError when they share no length."""
     common = set.intersection(*(f.disjoint_lengths() for f in files))
     if not common:
         raise ValueError(
@@ -167,7 +185,12 @@ def mean_curve(label: str, files: list[Positions]) -> PositionCurve:
             "evaluate them with the same --lengths"
         )
     length = max(common)
-    per_seed = [{(b.start, b.end): b.loss for b in f.disjoint(length).buckets} for f in files]
+    per_seed = []
+    for f in files:
+        buckets = f.disjoint(length).buckets
+        if per_octave:
+            buckets = coarsen(buckets, per_octave)
+        per_seed.append({(b.start, b.end): b.loss for b in buckets})
     spans = sorted(set.intersection(*(set(s) for s in per_seed)))
     values = [[s[span] for s in per_seed] for span in spans]
     train_lens = {f.train_seq_len for f in files}
@@ -223,6 +246,7 @@ __all__ = [
     "LengthResult",
     "PositionCurve",
     "Positions",
+    "coarsen",
     "length_titles",
     "mean_curve",
     "parse_positions",
