@@ -441,9 +441,7 @@ def test_per_octave_merges_buckets_into_exact_token_weighted_losses(tmp_path, ca
 
     run = make_run(tmp_path, "rope10_seed1", 1, 10000.0, [(100, 3.0)])
     data = write_positions(run, 2.0, 0.3)
-    result = next(
-        r for r in parse_positions(data).results if r.length == r.stride == 4 * TRAIN_LEN
-    )
+    result = next(r for r in parse_positions(data).results if r.length == r.stride == 4 * TRAIN_LEN)
     merged = coarsen(result.buckets, 8)
     # The merged buckets tile the window, and each loss is the loss over its positions.
     assert merged[0].start == 0 and merged[-1].end == 4 * TRAIN_LEN
