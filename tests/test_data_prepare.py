@@ -531,10 +531,14 @@ def _cli_paused_after_shards(argv: list[str], stderr_path: str, paused_path: str
     """tools/prepare_data.py's main, held still once 2 train shards are recorded: it touches
     `paused_path` and sleeps until a signal stops it. A fork of the test process runs this, so
     the patch lives and dies with it; the signal is the only way the run can go on or end."""
+    import signal
     import time
 
     from pretrain.data import prepare as prep
 
+    # Ctrl-C in a terminal. A suite started in the background (`nohup ... &`) inherits an
+    # ignored SIGINT, which prepare_data rightly leaves ignored; the test is about the keypress.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     close_shard = prep._SplitWriter.close_shard
 
     def close_and_hold(self, end_unit: int) -> None:
