@@ -269,6 +269,13 @@ class DataConfig:
     # before training): "stdlib" = byte-level text of the installed Python standard library
     # (the quickstart; no download). null = the data must already be prepared.
     recipe: Literal["stdlib"] | None = None
+    # Packed documents (docs/training.md, "Document masking"); independent switches, all off
+    # as in the paper's runs. document_mask: no token attends across an end-of-document token.
+    # position_reset: positions (RoPE, learned) restart at 0 after each one. eod_mask_loss: the
+    # token after one (the next document's first) is not a training target.
+    document_mask: bool = False
+    position_reset: bool = False
+    eod_mask_loss: bool = False
 
 
 @dataclass

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from pretrain.config import ConfigError, DataConfig
+from pretrain.data.documents import DocumentSwitches
 from pretrain.data.megatron_compat import import_quietly
 from pretrain.data.prepare import MANIFEST, PrepareError, read_manifest
 from pretrain.data.tokenizer import Tokenizer, load_tokenizer
@@ -301,8 +302,32 @@ def read_token_stream(entries: list[str], limit: int, key: str = "data.valid") -
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+def document_lengths(
+    entries: list[str], key: str = "data.train", limit: int = 2_000_000
+) -> np.ndarray:
+    """The token counts of the first `limit` documents of `entries` (each ending with its
+    end-of-document token), from the .idx files alone: what document masking saves depends
+    on them (data/documents.attended_fraction)."""
+    Indexed = import_quietly("megatron.core.datasets.indexed_dataset").IndexedDataset
+    parts, left = [], limit
+    for i, entry in enumerate(entries):
+        for prefix in resolve_entry(entry, "train", f"{key}[{i}]"):
+            if left <= 0:
+                break
+            index = Indexed(str(prefix.path), mmap=True)
+            # A copy while the mapping is open: the index unmaps when it is collected.
+            lengths = np.array(index.sequence_lengths[:left], dtype=np.int64)
+            del index
+            parts.append(lengths)
+            left -= len(lengths)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 class TokenDataset(torch.utils.data.Dataset):
     """megatron-core samples as {"input_ids", "labels"}; labels of masked positions are -100.
+    With the document switches also "document_ids" and/or "position_ids" (data/documents.py),
+    computed from the sample's own tokens, so every reader (resume, rollback windows, any
+    number of workers) gets the same ones.
 
     With read_mode "random" the .bin mappings get MADV_RANDOM in each process that reads
     (a DataLoader worker inherits the advice by fork; a spawned one re-maps, so the advice
@@ -314,8 +339,10 @@ class TokenDataset(torch.utils.data.Dataset):
         seq_len: int,
         prefixes: list[Prefix],
         read_mode: str = "random",
+        documents: DocumentSwitches | None = None,
     ) -> None:
         self.inner = inner
+        self.documents = documents or DocumentSwitches()
         self.seq_len = seq_len
         self.prefixes = prefixes
         self.read_mode = read_mode
@@ -334,9 +361,11 @@ class TokenDataset(torch.utils.data.Dataset):
         if self._advised_in != os.getpid():
             self._advise()
         item = self.inner[int(i)]
+        tokens = item["tokens"]
         labels = item["labels"].clone()
         labels[item["loss_mask"] == 0] = -100
-        return {"input_ids": item["tokens"], "labels": labels}
+        labels = self.documents.mask_labels(tokens, labels)
+        return {"input_ids": tokens, "labels": labels, **self.documents.model_inputs(tokens)}
 
     @property
     def tokens(self) -> int:
@@ -512,6 +541,7 @@ def build_datasets(
     if train_samples <= 0:
         raise DataError(f"train_samples={train_samples} must be positive")
     tok = tokenizer_for_data(data)
+    documents = DocumentSwitches.of(data, tok.eod_id, f"the tokenizer {tok.identifier}")
     train_paths, train_w, train_prefixes = _resolve_split(
         data.train, data.train_weights, "train", "data.train"
     )
@@ -570,8 +600,10 @@ def build_datasets(
         else "",
     )
     return (
-        TokenDataset(train, seq_len, train_prefixes, data.read_mode),
-        TokenDataset(valid, seq_len, valid_prefixes, data.read_mode) if valid is not None else None,
+        TokenDataset(train, seq_len, train_prefixes, data.read_mode, documents),
+        TokenDataset(valid, seq_len, valid_prefixes, data.read_mode, documents)
+        if valid is not None
+        else None,
     )
 
 

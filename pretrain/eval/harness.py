@@ -43,7 +43,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator
 from tqdm import tqdm
 
-from pretrain.config import ConfigError, RopeScalingConfig
+from pretrain.config import ConfigError, DataConfig, RopeScalingConfig, from_dict
+from pretrain.data.documents import DocumentSwitches
 from pretrain.errors import UserError
 from pretrain.eval.lengths import parse_rope_scaling
 from pretrain.model.attention import KVCache
@@ -160,6 +161,7 @@ class PretrainLM(TemplateLM):
         model: Transformer | None = None,
         max_batch_size: int | None = None,
         rope_scaling: Any = None,
+        documents: DocumentSwitches | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -168,7 +170,7 @@ class PretrainLM(TemplateLM):
         if model is None:
             if path is None:
                 raise ConfigError("the pretrain model needs path=RUN_OR_WEIGHTS_FOLDER (or model=)")
-            model, tok, self.weights_dir, _ = load_checkpoint(
+            model, tok, self.weights_dir, config = load_checkpoint(
                 path,
                 int(step) if step not in (None, "") else None,
                 device,
@@ -177,6 +179,9 @@ class PretrainLM(TemplateLM):
             )
             if tokenizer is not None and not isinstance(tokenizer, str):
                 tok = tokenizer
+            if documents is None:  # score as the run trained (data.document_mask, ...)
+                data = from_dict(DataConfig, config.get("data"), "data")
+                documents = DocumentSwitches.of(data, tok.eod_id, f"{path}'s tokenizer")
         else:
             if tokenizer is None:
                 raise ConfigError("PretrainLM(model=...) also needs tokenizer=")
@@ -184,6 +189,9 @@ class PretrainLM(TemplateLM):
             self.weights_dir = None
         self.model = model.eval()
         self.tok = tok
+        # A request with the prefix (end-of-document) token is two documents to a model that
+        # trained with document masking or position reset; it gets the same inputs here.
+        self.documents = documents or DocumentSwitches()
         param = next(model.parameters())
         self._device = param.device
         self.batch_size = self._positive_int(batch_size, "batch_size", default=64)
@@ -383,7 +391,8 @@ class PretrainLM(TemplateLM):
         is_last = torch.zeros(len(targets), dtype=torch.bool)
         is_last[torch.tensor(sizes).cumsum(0) - 1] = True  # each request's last scored position
         head = self.model.lm_head
-        hidden = self.model.hidden_states(padded.to(self.device))
+        padded = padded.to(self.device)
+        hidden = self.model.hidden_states(padded, **self.documents.model_inputs(padded))
         picked = torch.cat([hidden[i, a:b] for i, (a, b) in enumerate(spans)])
         del hidden
         target_dev = targets.to(self.device)

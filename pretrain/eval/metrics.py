@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from pretrain.data.documents import model_inputs_of
 from pretrain.eval.positions import PositionLosses, score_tokens
 from pretrain.model.loss import IGNORE_INDEX
 
@@ -66,15 +67,16 @@ def evaluate_loss(
                 break
             input_ids = batch["input_ids"].to(device, non_blocking=True)
             labels = batch["labels"].to(device, non_blocking=True)
+            documents = model_inputs_of(batch, device)  # what training gave the model
             n = (labels != IGNORE_INDEX).sum()
             if int(n) == 0:
                 continue
             if positions is not None:
-                losses = score_tokens(model, input_ids, labels)
+                losses = score_tokens(model, input_ids, labels, **documents)
                 positions.add(losses, labels)
                 nll += losses.double().sum()
             else:
-                loss = model(input_ids, labels).loss
+                loss = model(input_ids, labels, **documents).loss
                 # The model's loss is a mean over this batch's targets; weight it by its count.
                 nll += loss.double() * n
             count += n

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pretrain.data.documents import DocumentSwitches
 from pretrain.eval.plots import save_png
 from pretrain.model.loss import IGNORE_INDEX, token_losses
 from pretrain.run_layout import atomic_write
@@ -120,11 +121,13 @@ class LengthResult:
 
 
 @torch.no_grad()
-def score_tokens(model: Any, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def score_tokens(
+    model: Any, input_ids: torch.Tensor, labels: torch.Tensor, **documents: torch.Tensor
+) -> torch.Tensor:
     """Per-token losses (B, T), fp32, 0 where labels are ignored: one forward of `model` (a
-    Transformer or a DeepSpeed engine around one)."""
+    Transformer or a DeepSpeed engine around one); `documents`: document_ids, position_ids."""
     module = getattr(model, "module", model)
-    hidden = module.hidden_states(input_ids)
+    hidden = module.hidden_states(input_ids, **documents)
     return token_losses(hidden, module.lm_head.weight, labels)
 
 
@@ -165,9 +168,12 @@ def evaluate_length(
     batch_tokens: int = 16384,
     device: torch.device | str | None = None,
     progress: bool = False,
+    documents: DocumentSwitches | None = None,
 ) -> LengthResult:
     """Loss by position of `model` over windows of `length` tokens of `stream` (see the
-    module docstring); on several ranks each scores its share of the windows."""
+    module docstring); on several ranks each scores its share of the windows. `documents`:
+    the run's document switches, applied to each window as training applied them."""
+    documents = documents or DocumentSwitches()
     module = getattr(model, "module", model)
     if device is None:
         device = next(module.parameters()).device
@@ -195,7 +201,8 @@ def evaluate_length(
     try:
         for x, y in _batches(stream, mine, length, batch):
             x, y = x.to(device), y.to(device)
-            stats.add(score_tokens(model, x, y), y)
+            y = documents.mask_labels(x, y)
+            stats.add(score_tokens(model, x, y, **documents.model_inputs(x)), y)
             if bar is not None:
                 bar.update(x.shape[0])
     finally:

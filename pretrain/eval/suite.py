@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import ConfigError, DataConfig, RopeScalingConfig, from_dict, to_dict
+from pretrain.data.documents import DocumentSwitches
 from pretrain.errors import UserError
 from pretrain.eval.lengths import (
     LengthError,
@@ -260,7 +261,7 @@ def evaluate_validation(
     batches = (
         {
             k: torch.stack([it[k] for it in items[i : i + batch_size]])
-            for k in ("input_ids", "labels")
+            for k in items[0]  # tokens, labels and the document inputs training had
         }
         for i in range(0, n, batch_size)
     )
@@ -307,7 +308,10 @@ def evaluate_lengths(
         positions_record,
     )
 
-    model, _, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
+    model, tok, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
+    documents = DocumentSwitches.of(
+        from_dict(DataConfig, config.get("data"), "data"), tok.eod_id, f"{weights_dir}'s tokenizer"
+    )
     train_len = train_length(config, model.cfg.max_seq_len)
     sizes = parse_lengths(lengths, train_len)
     check_lengths(model, sizes)
@@ -341,7 +345,14 @@ def evaluate_lengths(
         log.info("length %d: %d targets, stride %s", L, n_targets, stride or L)
         results.append(
             evaluate_length(
-                model, stream, L, stride, n_targets, batch_tokens=batch_tokens, progress=True
+                model,
+                stream,
+                L,
+                stride,
+                n_targets,
+                batch_tokens=batch_tokens,
+                progress=True,
+                documents=documents,
             )
         )
     return positions_record(

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from pretrain.config import Config
+from pretrain.data.documents import model_inputs_of
 from pretrain.faults import DataFaults
 from pretrain.model.transformer import Transformer
 from pretrain.train.spikes import StepGuard, Verdict
@@ -38,13 +39,21 @@ class TrainModule:
         return self.engine.get_lr()[0]
 
     def forward_backward(
-        self, x: torch.Tensor, y: torch.Tensor, data_step: int, micro: int
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        data_step: int,
+        micro: int,
+        batch: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss of one micro batch and its backward (DeepSpeed reduces the gradients at the
         accumulation boundary). Returns the detached cross-entropy and z-loss term in fp64.
-        A configured fault (spikes.faults) corrupts the batch or the loss on purpose."""
+        `batch` gives the document inputs where the data switches are on (document ids,
+        positions). A configured fault (spikes.faults) corrupts the batch or the loss on
+        purpose."""
+        documents = model_inputs_of(batch or {}, x.device)
         x, y = self.faults.batch(x, y, data_step, micro)
-        loss, z_term = self.engine(x, targets=y, z_loss=self.cfg.train.z_loss)
+        loss, z_term = self.engine(x, targets=y, z_loss=self.cfg.train.z_loss, **documents)
         loss, objective = self.faults.loss(loss, data_step)
         self.engine.backward(objective)
         z_term = z_term.double()

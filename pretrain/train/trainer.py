@@ -142,7 +142,7 @@ class Trainer:
             batch = self._next_batch()
             x, y = batch["input_ids"].to(run.device), batch["labels"].to(run.device)
             first = x[:1] if first is None else first
-            loss, z_term = module.forward_backward(x, y, data_step, i)
+            loss, z_term = module.forward_backward(x, y, data_step, i, batch)
             loss_sum += loss
             z_sum += z_term
             token_sum += x.sum(dtype=torch.float64)
