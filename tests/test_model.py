@@ -347,7 +347,7 @@ def test_max_attention_logit_matches_explicit_scores():
     attn = model.blocks[0].attn
     orig = attn.forward
 
-    def spy(x, cos, sin, kv_cache=None, layer=0):
+    def spy(x, cos, sin, kv_cache=None, layer=0, documents=None):
         H, KV, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
         q, k, _ = attn.qkv(x).split([H * D, KV * D, KV * D], -1)
         q = apply_rope(q.view(*x.shape[:2], H, D).transpose(1, 2), cos, sin)

@@ -248,3 +248,52 @@ def test_paper_plan_is_current():
         stored["checkpointing"],
         stored["executed_flops"],
     )
+
+
+def test_document_mask_counts_only_the_attended_pairs(tmp_path):
+    """With data.document_mask the executed FLOPs count the attention pairs the mask keeps
+    (measured on data.train's documents); the model FLOPs, MFU's numerator, do not change;
+    the mask's and the per-token cos/sin's bytes are planned."""
+    from conftest import shared_path
+
+    from pretrain.config import load_config
+    from pretrain.data.dataset import document_lengths
+    from pretrain.data.documents import attended_fraction
+    from pretrain.data.prepare import prepare
+    from pretrain.planner.search import document_buffers, document_fraction, flops_per_token
+
+    data = tmp_path / "paragraphs"
+    prepare(
+        data,
+        "bytes",
+        inputs=[str(shared_path("tinyshakespeare.txt"))],
+        txt_mode="paragraph",
+        workers=1,
+        progress=False,
+    )
+    REPO = Path(__file__).resolve().parents[1]
+    sets = ["data.document_mask=true", "data.position_reset=true", f"data.train=[{data}]"]
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", sets)
+    fraction, note = document_fraction(cfg)
+    assert fraction == attended_fraction(document_lengths([str(data)]), 128)
+    assert 0.05 < fraction < 0.9 and f"{100 * fraction:.1f}% of causal attention pairs" in note
+    m = cfg.model
+    model1, plain = flops_per_token(m, 128, layers=2)
+    model2, masked = flops_per_token(m, 128, layers=2, attended=fraction)
+    attention = 4 * m.n_heads * m.head_dim * 128  # QK^T and AV, one forward of one block
+    assert model1 == model2
+    assert plain - masked == pytest.approx((1 - fraction) * attention * (3 * m.n_layers + 2))
+    buffers = document_buffers(cfg, micro_batch=16, target="cuda")
+    assert buffers == {
+        "document mask (BlockMask tiles)": 4 * 16 * 1 * 1 * 4,
+        "per-token RoPE cos/sin": 2 * 16 * 128 * m.rope_dims * 4,
+    }
+    assert document_buffers(cfg, 16, "cpu")["document mask (B x T x T)"] == 16 * 128 * 128
+    off = load_config(REPO / "configs" / "quickstart.yaml")
+    assert document_fraction(off) == (1.0, None) and document_buffers(off, 16, "cuda") == {}
+    missing = load_config(
+        REPO / "configs" / "quickstart.yaml",
+        ["data.document_mask=true", f"data.train=[{tmp_path / 'absent'}]"],
+    )
+    fraction, note = document_fraction(missing)
+    assert fraction == 1.0 and "upper bound" in note

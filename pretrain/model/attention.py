@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pretrain.config import ModelConfig
+from pretrain.model.document_attention import DocumentMask, flex_document_attention
 from pretrain.model.norm import make_norm
 from pretrain.model.rope import apply_rope
 
@@ -90,10 +91,14 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         kv_cache: KVCache | None = None,
         layer: int = 0,
+        documents: DocumentMask | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.heads(x, cos, sin)
+        if documents is not None:  # packed documents: a block-diagonal causal mask
+            y = self._document_attention(q, k, v, documents)
+            return self.proj(y.transpose(1, 2).reshape(B, T, H * D))
 
         start = 0
         if kv_cache is not None:
@@ -119,6 +124,25 @@ class Attention(nn.Module):
             )
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.proj(y)
+
+    def _document_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: DocumentMask
+    ) -> torch.Tensor:
+        dropout = self.dropout if self.training else 0.0
+        if self.softcap > 0:
+            return softcapped_attention(q, k, v, documents.dense, self.softcap, dropout)
+        if documents.backend == "flex" and self.attention_fn is None:
+            return flex_document_attention(q, k, v, documents)
+        sdpa = self.attention_fn or F.scaled_dot_product_attention
+        return sdpa(
+            q,
+            k,
+            v,
+            attn_mask=documents.dense,
+            is_causal=False,
+            dropout_p=dropout,
+            enable_gqa=k.shape[1] != q.shape[1],
+        )
 
 
 def softcapped_attention(

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pretrain.config import ModelConfig, RopeScalingConfig
 from pretrain.model.attention import Attention, KVCache
+from pretrain.model.document_attention import DocumentMask, document_attention_backend
 from pretrain.model.loss import IGNORE_INDEX, linear_cross_entropy
 from pretrain.model.norm import make_norm
 from pretrain.model.rope import RotaryEmbedding
@@ -65,11 +66,19 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cos, sin, kv_cache: KVCache | None = None, layer: int = 0):
+    def forward(
+        self,
+        x,
+        cos,
+        sin,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
+        documents: DocumentMask | None = None,
+    ):
         if self.parallel:
-            a = self.attn(self.norm1(x), cos, sin, kv_cache, layer)
+            a = self.attn(self.norm1(x), cos, sin, kv_cache, layer, documents)
             return x + self.drop(a) + self.drop(self.mlp(self.norm2(x)))
-        x = x + self.drop(self.attn(self.norm1(x), cos, sin, kv_cache, layer))
+        x = x + self.drop(self.attn(self.norm1(x), cos, sin, kv_cache, layer, documents))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -125,30 +134,71 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def hidden_states(
-        self, input_ids: torch.Tensor, kv_cache: KVCache | None = None
+        self,
+        input_ids: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        *,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states (B, T, d_model), before the output layer.
 
         Scoring a few positions of long inputs (evaluation) applies `lm_head` to those alone
-        instead of materialising (B, T, vocab) logits.
+        instead of materialising (B, T, vocab) logits. Packed documents (data/documents.py):
+        `document_ids` (B, T) keeps each token's attention inside its document, and
+        `position_ids` (B, T) gives each token its position (RoPE and learned positions).
         """
         B, T = input_ids.shape
         start = kv_cache.pos if kv_cache is not None else 0
-        self.check_length(start + T)
-        cos, sin = self.rope(start, T)
+        documents = self._document_mask(input_ids, kv_cache, document_ids, position_ids)
+        if position_ids is None:
+            self.check_length(start + T)
+            cos, sin = self.rope(start, T)
+            positions = torch.arange(start, start + T, device=input_ids.device)
+        else:
+            self.check_length(int(position_ids.max()) + 1)
+            cos, sin = self.rope.at(position_ids)
+            positions = position_ids
         x = self.wte(input_ids)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(start, start + T, device=input_ids.device))
+            x = x + self.wpe(positions)
         x = self.drop(x)
         recompute = self.checkpointed_layers() if self.training and kv_cache is None else 0
         for i, block in enumerate(self.blocks):
             if i < recompute:
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+                x = checkpoint(block, x, cos, sin, None, i, documents, use_reentrant=False)
             else:
-                x = block(x, cos, sin, kv_cache, i)
+                x = block(x, cos, sin, kv_cache, i, documents)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.norm_f(x)
+
+    def _document_mask(
+        self,
+        input_ids: torch.Tensor,
+        kv_cache: KVCache | None,
+        document_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+    ) -> DocumentMask | None:
+        for name, t in (("document_ids", document_ids), ("position_ids", position_ids)):
+            if t is not None and t.shape != input_ids.shape:
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}; it must be (batch, tokens) = "
+                    f"{tuple(input_ids.shape)}, as input_ids"
+                )
+            if t is not None and kv_cache is not None:
+                raise ValueError(
+                    f"{name} with a kv_cache: incremental decoding runs one document, "
+                    f"from position kv_cache.pos on"
+                )
+        if document_ids is None:
+            return None
+        backend = document_attention_backend(
+            input_ids.device,
+            self.cfg.dropout if self.training else 0.0,
+            self.cfg.attn_logit_softcap,
+        )
+        return DocumentMask.build(document_ids, backend)
 
     @property
     def max_positions(self) -> int | None:
@@ -178,6 +228,9 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         z_loss: float = 0.0,
+        *,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor | LossOutput:
         """Logits (B, T, padded_vocab) or, with `targets`, a LossOutput (fp32 scalars).
 
@@ -187,10 +240,14 @@ class Transformer(nn.Module):
         at a time (pretrain/model/loss.py), with the same result as
         `F.cross_entropy(logits.float(), targets, ignore_index=-100)`.
 
+        `document_ids` and `position_ids`: packed documents, see `hidden_states`.
+
         `z_loss` > 0 adds z_loss x mean(logsumexp(logits)^2) to the loss (PaLM's z-loss) and
         returns the added term, detached, beside it.
         """
-        hidden = self.hidden_states(input_ids, kv_cache)
+        hidden = self.hidden_states(
+            input_ids, kv_cache, document_ids=document_ids, position_ids=position_ids
+        )
         if targets is None:
             return self.lm_head(hidden)
         loss, z_term = self.loss_fn(

@@ -141,20 +141,76 @@ def _meta_model(cfg: ModelConfig):
         return Transformer(cfg)
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int, layers: int) -> tuple[float, float]:
+def flops_per_token(
+    cfg: ModelConfig, seq_len: int, layers: int, attended: float = 1.0
+) -> tuple[float, float]:
     """(model FLOPs per token, executed FLOPs per token with `layers` blocks recomputed).
 
     Model: `Transformer.flops_per_token` (6 x matmul weights + attention, PaLM's count).
     A recomputed block runs its forward once more: 2 x its matmul weights + 4 x n_heads x
-    head_dim x seq_len (QK^T and AV) per token.
+    head_dim x seq_len (QK^T and AV) per token. `attended`: the share of causal attention
+    pairs a document mask keeps (data/documents.attended_fraction); executed attention counts
+    only those, the model FLOPs (MFU's numerator) keep the usual causal count.
     """
     model = _meta_model(cfg)
     model_flops = model.flops_per_token(seq_len)
+    attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
     block = sum(
         m.weight.numel() for m in model.blocks[0].modules() if isinstance(m, torch.nn.Linear)
     )
-    per_block = 2 * block + 4 * cfg.n_heads * cfg.head_dim * seq_len
-    return model_flops, model_flops + layers * per_block
+    per_block = 2 * block + 4 * cfg.n_heads * cfg.head_dim * seq_len * attended
+    return model_flops, model_flops - attention * (1 - attended) + layers * per_block
+
+
+_fractions: dict[tuple[tuple[str, ...], int], tuple[float, int] | None] = {}
+
+
+def document_fraction(cfg: Config) -> tuple[float, str | None]:
+    """(share of causal attention pairs kept, a note) for the run's document mask: measured on
+    the first documents of data.train where they are on this machine, else 1 (an upper
+    bound: every row one document)."""
+    if not cfg.data.document_mask:
+        return 1.0, None
+    from pretrain.data.dataset import document_lengths
+    from pretrain.data.documents import attended_fraction
+
+    key = (tuple(cfg.data.train), cfg.seq_len)
+    if key not in _fractions:
+        try:
+            lengths = document_lengths(list(cfg.data.train))
+            _fractions[key] = (attended_fraction(lengths, cfg.seq_len), len(lengths))
+        except (OSError, ValueError):  # not prepared here (a planning machine)
+            _fractions[key] = None
+    found = _fractions[key]
+    if found is None:
+        return 1.0, (
+            "document mask: data.train is not on this machine, so executed attention FLOPs "
+            "are counted as if every row were one document (an upper bound); plan with "
+            "--set data.train=[PREFIX] to count the pairs of real documents"
+        )
+    fraction, docs = found
+    return fraction, (
+        f"document mask: {100 * fraction:.1f}% of causal attention pairs attended (the first "
+        f"{docs:,} documents of data.train, packed into rows of {cfg.seq_len}); executed "
+        f"FLOPs count those"
+    )
+
+
+def document_buffers(cfg: Config, micro_batch: int, target: str) -> dict[str, int]:
+    """Bytes the document switches add per micro batch, beside the traced step: the mask
+    (FlexAttention's BlockMask on CUDA: 4 int32 tile tables of (B, T/128, T/128); the boolean
+    (B, T, T) mask elsewhere) and, with position reset, the per-token cos/sin (B, T, r) fp32."""
+    out = {}
+    T, r = cfg.seq_len, cfg.model.rope_dims
+    if cfg.data.document_mask:
+        tiles = -(-T // 128)
+        if target == "cuda":
+            out["document mask (BlockMask tiles)"] = 4 * micro_batch * tiles * tiles * 4
+        else:
+            out["document mask (B x T x T)"] = micro_batch * T * T
+    if cfg.data.position_reset and r:
+        out["per-token RoPE cos/sin"] = 2 * micro_batch * T * r * 4
+    return out
 
 
 def _param_groups(cfg: Config) -> list[list[int]]:
@@ -203,9 +259,11 @@ def plan_run(
     static["RoPE cos/sin cache"] = rope
     if target == "cuda":
         static["cuBLAS workspaces"] = CUBLAS_WORKSPACE
+    static.update(document_buffers(cfg, mb, target))
     static = {k: v for k, v in static.items() if v}
-    model_flops, executed = flops_per_token(cfg.model, seq, layers)
-    notes = []
+    attended, documents_note = document_fraction(cfg)
+    model_flops, executed = flops_per_token(cfg.model, seq, layers, attended)
+    notes = [documents_note] if documents_note else []
     if t.zero_stage == 2:
         notes.append("ZeRO-2: DeepSpeed's buffers are estimated from its source, not validated")
     return Plan(

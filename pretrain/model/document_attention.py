@@ -1,0 +1,107 @@
+"""Attention that stops at document boundaries (data.document_mask): each token attends to
+the earlier tokens of its own document only, a block-diagonal causal mask.
+
+Two kernels, one mask definition (causal and the same document id):
+
+- **FlexAttention** (`torch.nn.attention.flex_attention`) on CUDA: the mask is a `BlockMask`
+  of 128 x 128 tiles built from the document ids (no T x T tensor), fully masked tiles are
+  skipped (the executed FLOPs are the attended tiles'), and the kernel is compiled by
+  torch.compile into one Triton kernel, forward and backward, as PyTorch documents. It takes
+  every head dim of our configs (64 llama1b, 128 llama8b, 256 pythia1b), bf16 and fp32, and
+  GQA (`enable_gqa`). It has no dropout, so a model with attention dropout > 0 in training
+  takes the mask path below (our paper configs have none; the character-level GPT, the one
+  config with dropout, has no end-of-document token to mask at).
+  FlashAttention's varlen kernel would do the same from cumulative lengths, but it is not a
+  dependency (it builds against one CUDA toolkit); FlexAttention ships with torch.
+- **SDPA with a boolean mask** (B, 1, T, T) everywhere else: CPU (tests, the quickstart),
+  and the dropout case. On CUDA this mask path runs the memory-efficient or cuDNN kernel at
+  2-9x the cost of the unmasked causal kernel, measured elsewhere (unsloth PR #11102, head dim
+  64 to 256, T 2048 to 8192), which is why it is not the GPU path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+Backend = Literal["flex", "sdpa_mask"]
+
+
+def document_attention_backend(
+    device: torch.device | str, dropout: float = 0.0, softcap: float = 0.0
+) -> Backend:
+    """Which kernel a document-masked attention runs: "flex" on CUDA (see the module
+    docstring), "sdpa_mask" on CPU, with attention dropout in training (FlexAttention has
+    none) and with an attention-logit soft cap (its unfused path takes the boolean mask)."""
+    if torch.device(device).type != "cuda" or dropout > 0 or softcap > 0:
+        return "sdpa_mask"
+    return "flex"
+
+
+@dataclass
+class DocumentMask:
+    """The document mask of one forward, built once and shared by every layer."""
+
+    document_ids: torch.Tensor  # (B, T) int64
+    backend: Backend
+    dense: torch.Tensor | None = None  # (B, 1, T, T) bool, True = attend: sdpa_mask
+    block_mask: Any = None  # a FlexAttention BlockMask: flex
+
+    @classmethod
+    def build(cls, document_ids: torch.Tensor, backend: Backend) -> DocumentMask:
+        if backend == "flex":
+            return cls(document_ids, backend, block_mask=_block_mask(document_ids))
+        same = document_ids[:, :, None] == document_ids[:, None, :]
+        return cls(document_ids, backend, dense=same.tril()[:, None])
+
+
+_compiled: dict[str, Any] = {}
+
+
+def _block_mask(document_ids: torch.Tensor) -> Any:
+    """The BlockMask of causal & same document, by the compiled `create_block_mask`, which
+    evaluates the rule tile by tile (eager, it would hold the whole (B, T, T) mask)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal_same_document(b, h, q, kv):
+        return (q >= kv) & (document_ids[b, q] == document_ids[b, kv])
+
+    if "mask" not in _compiled:
+        _compiled["mask"] = torch.compile(create_block_mask)
+    B, T = document_ids.shape
+    return _compiled["mask"](causal_same_document, B, None, T, T, device=document_ids.device)
+
+
+def flex_document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask
+) -> torch.Tensor:
+    """FlexAttention with the document block mask; compiled once per process (eager
+    FlexAttention is a slow reference that builds the scores)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if "attention" not in _compiled:
+        _compiled["attention"] = torch.compile(flex_attention, dynamic=False)
+    flex = _compiled["attention"]
+    return flex(q, k, v, block_mask=mask.block_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def attended_pairs(document_ids: torch.Tensor) -> int:
+    """(query, key) pairs the document mask keeps, over all rows: per row and document of L
+    tokens, L (L + 1) / 2 (a row of one document: T (T + 1) / 2, plain causal)."""
+    ids = document_ids.reshape(-1, document_ids.shape[-1])
+    total = 0
+    for row in ids:
+        _, counts = torch.unique_consecutive(row, return_counts=True)
+        total += int((counts * (counts + 1) // 2).sum())
+    return total
+
+
+__all__ = [
+    "Backend",
+    "DocumentMask",
+    "attended_pairs",
+    "document_attention_backend",
+    "flex_document_attention",
+]
