@@ -4,6 +4,8 @@ attention variant; the kernel choice for GPUs against FlexAttention's documented
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -118,6 +120,23 @@ def test_one_document_and_arange_positions_are_the_plain_model():
     assert torch.equal(m(rows, position_ids=arange), plain)
 
 
+def test_position_ids_give_each_token_its_own_rope_rows():
+    """Without a document mask RoPE sees the positions themselves: per-token cos/sin are the
+    cache's rows at each position (bit for bit), restarted positions change the logits, and
+    a shift of all positions does not (RoPE is relative)."""
+    m = model(rope_fraction=0.5).float()
+    rows = packed()
+    reset = document_positions(document_ids(rows, EOD))
+    cos, sin = m.rope.at(reset)
+    assert cos.shape == (3, 1, 32, m.cfg.rope_dims)
+    assert torch.equal(cos[1, 0, 20], m.rope.cos[reset[1, 20]])
+    assert torch.equal(sin[2, 0, 5], m.rope.sin[reset[2, 5]])
+    plain = m(rows)
+    assert (m(rows, position_ids=reset) - plain).abs().max() > 1e-3
+    shifted = torch.arange(32).expand_as(rows) + 7
+    torch.testing.assert_close(m(rows, position_ids=shifted), plain, rtol=0, atol=1e-5)
+
+
 def test_bad_document_inputs_are_one_clear_error():
     m = model().float()
     rows = packed()
@@ -128,6 +147,8 @@ def test_bad_document_inputs_are_one_clear_error():
     cache = KVCache(m.cfg, 3)
     with pytest.raises(ValueError, match="position_ids with a kv_cache"):
         m(rows, kv_cache=cache, position_ids=torch.zeros_like(rows))
+    with pytest.raises(ValueError, match="negative position"):
+        m(rows, position_ids=torch.full_like(rows, -1))
 
 
 def test_attended_pairs_count_what_the_mask_keeps():
@@ -139,14 +160,22 @@ def test_attended_pairs_count_what_the_mask_keeps():
 
 
 def test_gpu_kernel_choice():
-    """FlexAttention on CUDA for every head dim of our configs (64, 128, 256: in its
-    supported range); the boolean-mask SDPA path on CPU, with dropout (FlexAttention has none)
-    and with a soft cap (the unfused path)."""
-    assert document_attention_backend("cuda") == "flex"
-    assert document_attention_backend("cuda:1") == "flex"
-    assert document_attention_backend("cpu") == "sdpa_mask"
-    assert document_attention_backend("cuda", dropout=0.1) == "sdpa_mask"
-    assert document_attention_backend("cuda", softcap=30.0) == "sdpa_mask"
+    """FlexAttention on CUDA for every head dim of our paper configs (in its supported range);
+    the boolean-mask SDPA path on CPU, with dropout (FlexAttention has none), with a soft cap
+    (the unfused path) and outside FlexAttention's head dims."""
+    from pretrain.config import load_config
+
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("llama1b_rope10", "llama8b_rope10", "pythia1b_rope10"):
+        m = load_config(repo / "configs" / "paper" / f"{name}.yaml").model
+        assert m.head_dim in (64, 128, 256)
+        assert document_attention_backend("cuda", m.head_dim, m.dropout) == "flex", name
+    assert document_attention_backend("cuda:1", 64) == "flex"
+    assert document_attention_backend("cpu", 64) == "sdpa_mask"
+    assert document_attention_backend("cuda", 64, dropout=0.1) == "sdpa_mask"
+    assert document_attention_backend("cuda", 64, softcap=30.0) == "sdpa_mask"
+    assert document_attention_backend("cuda", 8) == "sdpa_mask"
+    assert document_attention_backend("cuda", 512) == "sdpa_mask"
 
 
 def test_flex_attention_computes_the_mask_path_on_cpu():

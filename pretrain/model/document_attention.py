@@ -29,15 +29,22 @@ import torch
 Backend = Literal["flex", "sdpa_mask"]
 
 
+# FlexAttention's GPU kernel: head dims from 16 (below, the Triton template raises) to 256
+# (torch's tuned tile settings stop there; larger ones run out of shared memory).
+FLEX_HEAD_DIMS = (16, 256)
+
+
 def document_attention_backend(
-    device: torch.device | str, dropout: float = 0.0, softcap: float = 0.0
+    device: torch.device | str, head_dim: int = 64, dropout: float = 0.0, softcap: float = 0.0
 ) -> Backend:
-    """Which kernel a document-masked attention runs: "flex" on CUDA (see the module
-    docstring), "sdpa_mask" on CPU, with attention dropout in training (FlexAttention has
-    none) and with an attention-logit soft cap (its unfused path takes the boolean mask)."""
+    """Which kernel a document-masked attention runs: "flex" on CUDA for head dims in
+    FLEX_HEAD_DIMS (see the module docstring); "sdpa_mask" on CPU, with attention dropout in
+    training (FlexAttention has none), with an attention-logit soft cap (its unfused path
+    takes the boolean mask) and for head dims outside FlexAttention's range."""
+    lo, hi = FLEX_HEAD_DIMS
     if torch.device(device).type != "cuda" or dropout > 0 or softcap > 0:
         return "sdpa_mask"
-    return "flex"
+    return "flex" if lo <= head_dim <= hi else "sdpa_mask"
 
 
 @dataclass
@@ -99,6 +106,7 @@ def attended_pairs(document_ids: torch.Tensor) -> int:
 
 
 __all__ = [
+    "FLEX_HEAD_DIMS",
     "Backend",
     "DocumentMask",
     "attended_pairs",

@@ -156,6 +156,8 @@ class Transformer(nn.Module):
             cos, sin = self.rope(start, T)
             positions = torch.arange(start, start + T, device=input_ids.device)
         else:
+            if int(position_ids.min()) < 0:
+                raise ValueError("position_ids holds a negative position; positions start at 0")
             self.check_length(int(position_ids.max()) + 1)
             cos, sin = self.rope.at(position_ids)
             positions = position_ids
@@ -195,6 +197,7 @@ class Transformer(nn.Module):
             return None
         backend = document_attention_backend(
             input_ids.device,
+            self.cfg.head_dim,
             self.cfg.dropout if self.training else 0.0,
             self.cfg.attn_logit_softcap,
         )
