@@ -566,3 +566,27 @@ def test_evaluate_refuses_or_skips_tasks_whose_answers_do_not_fit(
         "loglikelihood requests were longer than the model's context: their contexts were cut on the left"
         in md
     )
+
+
+def test_a_document_masked_run_is_scored_as_it_trained(tiny_run):
+    """With data.document_mask + data.position_reset, the end-of-document prefix of a rolling
+    window is its own document: the text is scored as the model alone on the prefix (for the
+    first token) and alone on the text from position 0 (for the rest)."""
+    from pretrain.data.documents import DocumentSwitches
+    from pretrain.eval.harness import PretrainLM
+
+    model, _ = load_weights(tiny_run / CHECKPOINTS_DIR / step_tag(STEPS))
+    plain = PretrainLM(path=str(tiny_run), device="cpu", batch_size=4)
+    switches = DocumentSwitches(plain.tok.eod_id, document_mask=True, position_reset=True)
+    masked = PretrainLM(path=str(tiny_run), device="cpu", batch_size=4, documents=switches)
+    text = "The quick brown fox jumps over the lazy dog."
+    ids = plain.tok.encode(text)
+    assert len(ids) < MAX_LEN
+    [got] = masked.loglikelihood_rolling(_instances("loglikelihood_rolling", [(text,)]), True)
+    [unmasked] = plain.loglikelihood_rolling(_instances("loglikelihood_rolling", [(text,)]), True)
+    with torch.no_grad():
+        first = F.log_softmax(model(torch.tensor([[plain.tok.eod_id]]))[0, -1].double(), -1)
+        rest = F.log_softmax(model(torch.tensor([ids[:-1]]))[0].double(), -1)
+    ref = first[ids[0]].item() + sum(rest[j - 1, ids[j]].item() for j in range(1, len(ids)))
+    assert got == pytest.approx(ref, abs=1e-4)
+    assert abs(got - unmasked) > 1e-3  # the switches change what the model sees
