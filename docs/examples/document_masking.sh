@@ -47,3 +47,39 @@ for run in sorted(Path(sys.argv[1]).glob("*_s*")):
     times = [r["perf/step_time_s"] for r in rows if "perf/step_time_s" in r and r["step"] > 50]
     print(f"{run.name}: median step time {1000 * statistics.median(times):.1f} ms")
 PYEOF
+# Forward + backward of the same batches, masked and not, alternating in one process (the
+# ratio is what a shared machine cannot blur).
+"$PY" - "$DATA" <<'PYEOF'
+import statistics, sys, time
+
+import torch
+
+from pretrain.config import load_config
+from pretrain.data.dataset import build_datasets, document_lengths
+from pretrain.data.documents import DocumentSwitches, attended_fraction
+from pretrain.model.transformer import Transformer
+
+data = sys.argv[1]
+sets = [f"data.train=[{data}]", f"data.valid=[{data}]", "data.recipe=null"]
+cfg = load_config("configs/quickstart.yaml", sets)
+print(f"attended pairs at 128: {attended_fraction(document_lengths([data]), 128):.3f}")
+train, _ = build_datasets(cfg.data, 128, 1, 16 * 8, 0)
+torch.manual_seed(0)
+model = Transformer(cfg.model)
+switches = DocumentSwitches(256, document_mask=True, position_reset=True)
+batches = [torch.stack([train[i]["input_ids"] for i in range(b, b + 16)]) for b in range(0, 128, 16)]
+times = {"plain": [], "masked": []}
+for rep in range(40):
+    for arm in ("plain", "masked") if rep % 2 else ("masked", "plain"):
+        x = batches[rep % len(batches)]
+        extra = switches.model_inputs(x) if arm == "masked" else {}
+        start = time.perf_counter()
+        model(x, x, **extra).loss.backward()
+        model.zero_grad(set_to_none=True)
+        times[arm].append(time.perf_counter() - start)
+median = {arm: statistics.median(t[5:]) for arm, t in times.items()}
+print(
+    f"forward + backward, 16 x 128: plain {1000 * median['plain']:.1f} ms, masked "
+    f"{1000 * median['masked']:.1f} ms, ratio {median['masked'] / median['plain']:.3f}"
+)
+PYEOF
