@@ -29,6 +29,7 @@ VARIANTS = {
     "nope": {"rope_fraction": 0.0},
     "learned_positions": {"learned_pos_emb": True, "rope_fraction": 0.0},
     "softcap": {"attn_logit_softcap": 30.0},
+    "recompute": {},  # every block recomputed in the backward: the mask goes through checkpoint
 }
 # Rows of 32 tokens: documents of 5, 11 and 16 tokens (each ending with its EOD, the last cut
 # by the row's end), in other orders in the other rows.
@@ -73,6 +74,7 @@ def pieces(rows: torch.Tensor) -> list[tuple[int, int, int]]:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_packed_batch_equals_each_document_on_its_own(variant, reset):
     m = model(**VARIANTS[variant])
+    m.gradient_checkpointing = variant == "recompute"
     # In fp64 the two computations agree to rounding; the soft cap's softmax runs in fp32
     # whatever the model's dtype, so there the bound is the fp32 one.
     tol = 1e-6 if variant == "softcap" else 1e-10
