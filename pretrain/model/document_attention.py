@@ -57,9 +57,13 @@ class DocumentMask:
     block_mask: Any = None  # a FlexAttention BlockMask: flex
 
     @classmethod
-    def build(cls, document_ids: torch.Tensor, backend: Backend) -> DocumentMask:
+    def build(
+        cls, document_ids: torch.Tensor, backend: Backend, compile: bool = True
+    ) -> DocumentMask:
+        """`compile=False` (tests on CPU): the eager FlexAttention functions, which evaluate
+        the same mask rule but hold the whole mask; the compiled ones never do."""
         if backend == "flex":
-            return cls(document_ids, backend, block_mask=_block_mask(document_ids))
+            return cls(document_ids, backend, block_mask=_block_mask(document_ids, compile))
         same = document_ids[:, :, None] == document_ids[:, None, :]
         return cls(document_ids, backend, dense=same.tril()[:, None])
 
@@ -67,7 +71,7 @@ class DocumentMask:
 _compiled: dict[str, Any] = {}
 
 
-def _block_mask(document_ids: torch.Tensor) -> Any:
+def _block_mask(document_ids: torch.Tensor, compile: bool = True) -> Any:
     """The BlockMask of causal & same document, by the compiled `create_block_mask`, which
     evaluates the rule tile by tile (eager, it would hold the whole (B, T, T) mask)."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -75,22 +79,27 @@ def _block_mask(document_ids: torch.Tensor) -> Any:
     def causal_same_document(b, h, q, kv):
         return (q >= kv) & (document_ids[b, q] == document_ids[b, kv])
 
-    if "mask" not in _compiled:
+    if compile and "mask" not in _compiled:
         _compiled["mask"] = torch.compile(create_block_mask)
+    build = _compiled["mask"] if compile else create_block_mask
     B, T = document_ids.shape
-    return _compiled["mask"](causal_same_document, B, None, T, T, device=document_ids.device)
+    return build(causal_same_document, B, None, T, T, device=document_ids.device)
 
 
 def flex_document_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: DocumentMask,
+    compile: bool = True,
 ) -> torch.Tensor:
     """FlexAttention with the document block mask; compiled once per process (eager
-    FlexAttention is a slow reference that builds the scores)."""
+    FlexAttention is a slow reference that builds the scores: `compile=False` for tests)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if "attention" not in _compiled:
+    if compile and "attention" not in _compiled:
         _compiled["attention"] = torch.compile(flex_attention, dynamic=False)
-    flex = _compiled["attention"]
+    flex = _compiled["attention"] if compile else flex_attention
     return flex(q, k, v, block_mask=mask.block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
