@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -78,11 +79,11 @@ def test_per_position_weighted_by_tokens_equals_the_valid_loss():
     positions = PositionLosses(32)
     with_positions = evaluate_loss(model, batches, positions=positions)
     buckets = positions.buckets()
-    weighted = sum(b["loss"] * b["tokens"] for b in buckets) / sum(b["tokens"] for b in buckets)
+    weighted = sum(b.loss * b.tokens for b in buckets) / sum(b.tokens for b in buckets)
     assert abs(weighted - plain["loss"]) < 1e-6
     assert abs(with_positions["loss"] - plain["loss"]) < 1e-6
-    assert sum(b["tokens"] for b in buckets) == plain["tokens"] == 9 * 32 - 12
-    assert [b["tokens"] for b in buckets][20:] == [8] * 12
+    assert sum(b.tokens for b in buckets) == plain["tokens"] == 9 * 32 - 12
+    assert [b.tokens for b in buckets][20:] == [8] * 12
 
 
 def _reference_window_losses(model, stream, begin, length) -> torch.Tensor:
@@ -107,7 +108,7 @@ def test_stride_equal_to_the_window_equals_disjoint_windows():
     assert abs(disjoint.loss - float(ref.mean())) < 1e-6
     per_position = ref.mean(0)
     for b in disjoint.buckets:
-        assert abs(b["loss"] - float(per_position[b["start"]])) < 1e-6
+        assert abs(b.loss - float(per_position[b.start])) < 1e-6
 
 
 def test_sliding_windows_score_each_target_once_with_its_window_context():
@@ -134,7 +135,7 @@ def _rank_main(rank: int, world: int, port: int, out_path: str) -> None:
     try:
         r = evaluate_length(tiny(), stream_of(16 * 5 + 1), 16, stride=8)
         with open(f"{out_path}.{rank}", "w") as f:
-            json.dump(r.__dict__, f)
+            json.dump(dataclasses.asdict(r), f)
     finally:
         torch.distributed.destroy_process_group()
 
@@ -152,7 +153,7 @@ def test_two_ranks_give_what_one_gives(tmp_path):
         assert got["tokens"] == one.tokens and got["windows"] == one.windows == 9
         assert abs(got["loss"] - one.loss) < 1e-9
         for a, b in zip(got["buckets"], one.buckets, strict=True):
-            assert a["tokens"] == b["tokens"] and abs(a["loss"] - b["loss"]) < 1e-9
+            assert a["tokens"] == b.tokens and abs(a["loss"] - b.loss) < 1e-9
 
 
 def test_past_the_training_length_partial_rope_and_nope_are_finite_and_unscaled_is_exact():

@@ -31,7 +31,6 @@ from pretrain.config import yaml_error_message
 from pretrain.errors import UserError
 from pretrain.eval.compare_positions import (
     NO_POSITIONS,
-    POSITIONS_JSON,
     PositionCurve,
     Positions,
     length_titles,
@@ -39,6 +38,7 @@ from pretrain.eval.compare_positions import (
     parse_positions,
     scaling_text,
 )
+from pretrain.eval.positions import POSITIONS_JSON
 from pretrain.eval.tables import MISSING, PAPER_COLUMNS, PPL_COLUMNS, markdown_table, metric
 from pretrain.run_layout import CONFIG_FILE, EVAL_DIR, RunLayout, read_metrics, step_tag
 

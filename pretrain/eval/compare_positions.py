@@ -21,26 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.eval.plots import save_png
-
-POSITIONS_JSON = "positions.json"
-
-
-@dataclass(frozen=True)
-class Bucket:
-    start: int  # inclusive
-    end: int  # exclusive
-    loss: float
-    tokens: int
-
-
-@dataclass(frozen=True)
-class LengthResult:
-    length: int
-    stride: int
-    windows: int
-    loss: float
-    tokens: int
-    buckets: tuple[Bucket, ...]
+from pretrain.eval.positions import POSITIONS_JSON, Bucket, LengthResult
 
 
 @dataclass(frozen=True)
@@ -241,9 +222,6 @@ def plot_position_curves(curves: list[PositionCurve], out: str | Path) -> Path:
 
 __all__ = [
     "NO_POSITIONS",
-    "POSITIONS_JSON",
-    "Bucket",
-    "LengthResult",
     "PositionCurve",
     "Positions",
     "coarsen",

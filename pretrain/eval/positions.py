@@ -91,29 +91,38 @@ class PositionLosses:
     def loss(self) -> float:
         return float(self.sums.sum() / self.counts.sum())
 
-    def buckets(self) -> list[dict[str, Any]]:
+    def buckets(self) -> tuple[Bucket, ...]:
         sums, counts = self.sums.cpu(), self.counts.cpu()
         out = []
         edges = bucket_edges(self.length)
         for a, b in zip(edges, edges[1:], strict=False):
             n = float(counts[a:b].sum())
             if n:
-                out.append(
-                    {"start": a, "end": b, "loss": float(sums[a:b].sum()) / n, "tokens": int(n)}
-                )
-        return out
+                out.append(Bucket(a, b, float(sums[a:b].sum()) / n, int(n)))
+        return tuple(out)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Bucket:
+    """Positions [start, end) of a window: their mean loss over `tokens` targets."""
+
+    start: int
+    end: int
+    loss: float
+    tokens: int
+
+
+@dataclass(frozen=True)
 class LengthResult:
-    """One length's figures, as positions.json holds them."""
+    """One length's figures, as positions.json holds them (written here, read back by
+    compare_positions.parse_positions)."""
 
     length: int
     stride: int
     windows: int
     loss: float
     tokens: int
-    buckets: list[dict[str, Any]]
+    buckets: tuple[Bucket, ...]
 
     @classmethod
     def of(cls, stats: PositionLosses, stride: int, windows: int) -> LengthResult:
@@ -324,6 +333,7 @@ def write_positions(record: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 __all__ = [
+    "Bucket",
     "POSITIONS_CSV",
     "POSITIONS_JSON",
     "POSITIONS_PNG",

@@ -38,7 +38,7 @@ def curve_image(stats: PositionLosses, step: int) -> np.ndarray:
 
     buckets = stats.buckets()
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=80)
-    ax.plot([(b["start"] + b["end"] + 1) / 2 for b in buckets], [b["loss"] for b in buckets])
+    ax.plot([(b.start + b.end + 1) / 2 for b in buckets], [b.loss for b in buckets])
     ax.set_xscale("log")
     ax.set_xlabel("position")
     ax.set_ylabel("valid loss")
