@@ -40,6 +40,26 @@ def shared_data() -> Path:
     return shared_path()
 
 
+@pytest.fixture(scope="session")
+def paragraphs(tmp_path_factory) -> Path:
+    """Tiny Shakespeare by paragraph, byte-level, with a valid split: documents of a few dozen
+    bytes, so that every short sample holds several (prepared once per session; read only)."""
+    from pretrain.data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("paragraphs") / "data"
+    prepare(
+        out,
+        "bytes",
+        inputs=[str(shared_path("tinyshakespeare.txt"))],
+        txt_mode="paragraph",
+        valid_fraction=0.1,
+        shard_tokens=250_000,
+        workers=1,
+        progress=False,
+    )
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -21,19 +21,10 @@ SEQ = 64
 
 
 @pytest.fixture(scope="module")
-def corpora(tmp_path_factory) -> dict[str, Path]:
-    """Byte-level: Tiny Shakespeare paragraphs (4 shards + valid) and FineWeb-Edu documents."""
+def corpora(tmp_path_factory, paragraphs) -> dict[str, Path]:
+    """Byte-level: Tiny Shakespeare paragraphs (4 shards + valid; conftest) and FineWeb-Edu
+    documents."""
     root = tmp_path_factory.mktemp("corpora")
-    prepare(
-        root / "shakespeare",
-        "bytes",
-        inputs=[str(shared_path("tinyshakespeare.txt"))],
-        txt_mode="paragraph",
-        valid_fraction=0.1,
-        shard_tokens=250_000,
-        workers=1,
-        progress=False,
-    )
     prepare(
         root / "edu",
         "bytes",
@@ -41,7 +32,7 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
         workers=1,
         progress=False,
     )
-    return {"shakespeare": root / "shakespeare", "edu": root / "edu"}
+    return {"shakespeare": paragraphs, "edu": root / "edu"}
 
 
 def _rows(loader) -> list[list[int]]:

@@ -18,7 +18,6 @@ from pretrain.data.documents import (
     model_inputs_of,
 )
 from pretrain.data.megatron_compat import import_quietly
-from pretrain.data.prepare import prepare
 
 EOD = 256
 SEQ = 64
@@ -74,27 +73,11 @@ def test_switches_give_the_model_inputs_they_name():
     assert set(model_inputs_of(batch, "cpu")) == {"document_ids", "position_ids"}
 
 
-@pytest.fixture(scope="module")
-def shakespeare(tmp_path_factory):
-    root = tmp_path_factory.mktemp("docs") / "shakespeare"
-    prepare(
-        root,
-        "bytes",
-        inputs=[str(shared_path("tinyshakespeare.txt"))],
-        txt_mode="paragraph",
-        valid_fraction=0.1,
-        shard_tokens=250_000,
-        workers=1,
-        progress=False,
-    )
-    return root
-
-
-def test_samples_carry_their_documents_and_are_otherwise_unchanged(shakespeare):
-    plain_cfg = DataConfig(train=[str(shakespeare)], valid=[str(shakespeare)], num_workers=0)
+def test_samples_carry_their_documents_and_are_otherwise_unchanged(paragraphs):
+    plain_cfg = DataConfig(train=[str(paragraphs)], valid=[str(paragraphs)], num_workers=0)
     on_cfg = DataConfig(
-        train=[str(shakespeare)],
-        valid=[str(shakespeare)],
+        train=[str(paragraphs)],
+        valid=[str(paragraphs)],
         num_workers=0,
         document_mask=True,
         position_reset=True,
@@ -135,13 +118,13 @@ def test_a_switch_without_an_end_of_document_token_is_one_line(tmp_path):
         )
 
 
-def test_attended_fraction_counts_the_pairs_the_mask_keeps(shakespeare):
+def test_attended_fraction_counts_the_pairs_the_mask_keeps(paragraphs):
     from pretrain.data.dataset import document_lengths
     from pretrain.data.documents import attended_fraction
     from pretrain.data.prepare import read_manifest
 
-    lengths = document_lengths([str(shakespeare)])
-    manifest = read_manifest(shakespeare / "train")
+    lengths = document_lengths([str(paragraphs)])
+    manifest = read_manifest(paragraphs / "train")
     assert len(lengths) == manifest["documents"] and lengths.sum() == manifest["tokens"]
     # Brute force: the packed stream cut into rows, the mask's kept pairs counted.
     T, docs = 96, lengths[:2000]

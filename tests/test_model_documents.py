@@ -13,7 +13,6 @@ from pretrain.config import ModelConfig
 from pretrain.data.documents import document_ids, document_positions
 from pretrain.model.document_attention import (
     DocumentMask,
-    attended_pairs,
     document_attention_backend,
     flex_document_attention,
 )
@@ -151,14 +150,6 @@ def test_bad_document_inputs_are_one_clear_error():
         m(rows, kv_cache=cache, position_ids=torch.zeros_like(rows))
     with pytest.raises(ValueError, match="negative position"):
         m(rows, position_ids=torch.full_like(rows, -1))
-
-
-def test_attended_pairs_count_what_the_mask_keeps():
-    rows = packed()
-    ids = document_ids(rows, EOD)
-    mask = DocumentMask.build(ids, "sdpa_mask").dense
-    assert attended_pairs(ids) == int(mask.sum()) == 3 * (15 + 66 + 136)
-    assert attended_pairs(torch.zeros(2, 32, dtype=torch.long)) == 2 * 32 * 33 // 2
 
 
 def test_gpu_kernel_choice():

@@ -250,27 +250,16 @@ def test_paper_plan_is_current():
     )
 
 
-def test_document_mask_counts_only_the_attended_pairs(tmp_path):
+def test_document_mask_counts_only_the_attended_pairs(tmp_path, paragraphs):
     """With data.document_mask the executed FLOPs count the attention pairs the mask keeps
     (measured on data.train's documents); the model FLOPs, MFU's numerator, do not change;
     the mask's and the per-token cos/sin's bytes are planned."""
-    from conftest import shared_path
-
     from pretrain.config import load_config
     from pretrain.data.dataset import document_lengths
     from pretrain.data.documents import attended_fraction
-    from pretrain.data.prepare import prepare
     from pretrain.planner.search import document_buffers, document_fraction, flops_per_token
 
-    data = tmp_path / "paragraphs"
-    prepare(
-        data,
-        "bytes",
-        inputs=[str(shared_path("tinyshakespeare.txt"))],
-        txt_mode="paragraph",
-        workers=1,
-        progress=False,
-    )
+    data = paragraphs
     REPO = Path(__file__).resolve().parents[1]
     sets = ["data.document_mask=true", "data.position_reset=true", f"data.train=[{data}]"]
     cfg = load_config(REPO / "configs" / "quickstart.yaml", sets)

@@ -100,10 +100,6 @@ class DocumentSwitches:
             )
         return cls(eod, data.document_mask, data.position_reset, data.eod_mask_loss)
 
-    @property
-    def any(self) -> bool:
-        return self.document_mask or self.position_reset or self.eod_mask_loss
-
     def model_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The model's keyword arguments for these token ids (B, T) or (T,): `document_ids`
         with document_mask, `position_ids` with position_reset, nothing when both are off."""

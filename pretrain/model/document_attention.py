@@ -103,22 +103,10 @@ def flex_document_attention(
     return flex(q, k, v, block_mask=mask.block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
-def attended_pairs(document_ids: torch.Tensor) -> int:
-    """(query, key) pairs the document mask keeps, over all rows: per row and document of L
-    tokens, L (L + 1) / 2 (a row of one document: T (T + 1) / 2, plain causal)."""
-    ids = document_ids.reshape(-1, document_ids.shape[-1])
-    total = 0
-    for row in ids:
-        _, counts = torch.unique_consecutive(row, return_counts=True)
-        total += int((counts * (counts + 1) // 2).sum())
-    return total
-
-
 __all__ = [
     "FLEX_HEAD_DIMS",
     "Backend",
     "DocumentMask",
-    "attended_pairs",
     "document_attention_backend",
     "flex_document_attention",
 ]
