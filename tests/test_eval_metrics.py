@@ -148,37 +148,13 @@ def test_evaluate_val_on_a_prepared_split(tmp_path, monkeypatch):
     import importlib.util
 
     from conftest import REPO
+    from train_support import saved_byte_run
 
     from pretrain.config import DataConfig
     from pretrain.data.dataset import build_datasets
-    from pretrain.data.recipes import prepare_stdlib_corpus
-    from pretrain.data.tokenizer import load_tokenizer
-    from pretrain.model.weights import save_weights
 
-    data = prepare_stdlib_corpus(
-        tmp_path / "data", max_bytes=300_000, valid_fraction=0.3, workers=1, progress=False
-    )
-    torch.manual_seed(0)
-    model = Transformer(
-        ModelConfig(
-            vocab_size=257,
-            pad_vocab_to_multiple=1,
-            n_layers=1,
-            d_model=32,
-            n_heads=2,
-            d_ff=64,
-            max_seq_len=64,
-        )
-    )
-    run_cfg = {
-        "data": {"train": [str(data)], "valid": [str(data)]},
-        "train": {"seed": 7, "seq_len": 64},
-    }
-    wdir = tmp_path / "run" / "checkpoints" / "step_0000001"
-    save_weights(model, wdir, run_cfg)
-    byte_tok = load_tokenizer("bytes")
-    byte_tok.save(wdir / "tokenizer")
-    (wdir.parent / "latest").write_text(wdir.name)
+    run, model = saved_byte_run(tmp_path, 64, max_bytes=300_000, seed=7)
+    data = run.parent / "data"
 
     spec = importlib.util.spec_from_file_location(
         "pretrain_tools_evaluate", REPO / "tools" / "evaluate.py"

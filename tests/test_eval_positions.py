@@ -201,33 +201,9 @@ def test_length_and_scaling_flags_give_one_line_errors():
 @pytest.fixture(scope="module")
 def byte_run(tmp_path_factory):
     """A saved model on byte-level data prepared by the real pipeline (valid split)."""
-    from pretrain.data.recipes import prepare_stdlib_corpus
-    from pretrain.data.tokenizer import load_tokenizer
-    from pretrain.model.weights import save_weights
+    from train_support import saved_byte_run
 
-    root = tmp_path_factory.mktemp("positions")
-    data = prepare_stdlib_corpus(
-        root / "data", max_bytes=200_000, valid_fraction=0.3, workers=1, progress=False
-    )
-    torch.manual_seed(0)
-    model = Transformer(
-        ModelConfig(
-            vocab_size=257,
-            pad_vocab_to_multiple=1,
-            n_layers=1,
-            d_model=32,
-            n_heads=2,
-            d_ff=64,
-            max_seq_len=32,
-            rope_fraction=0.25,
-        )
-    )
-    run_cfg = {"data": {"train": [str(data)], "valid": [str(data)]}, "train": {"seq_len": 32}}
-    wdir = root / "run" / "checkpoints" / "step_0000001"
-    save_weights(model, wdir, run_cfg)
-    load_tokenizer("bytes").save(wdir / "tokenizer")
-    (wdir.parent / "latest").write_text(wdir.name)
-    return root / "run", model
+    return saved_byte_run(tmp_path_factory.mktemp("positions"), 32, rope_fraction=0.25)
 
 
 def evaluate_cli(argv: list[str]) -> int:

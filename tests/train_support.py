@@ -139,6 +139,31 @@ def prepare_stdlib(out_dir: Path, max_bytes: int = 200_000) -> Path:
     return out_dir
 
 
+def saved_byte_run(root: Path, seq_len: int, max_bytes: int = 200_000, seed: int = 1234, **model):
+    """(run folder, model): a 1-layer byte-level model saved as the step-1 checkpoint of a run
+    whose data is the stdlib corpus (prepared under `root`), as tools/evaluate.py reads it."""
+    import torch
+
+    from pretrain.config import ModelConfig
+    from pretrain.data.tokenizer import load_tokenizer
+    from pretrain.model.transformer import Transformer
+    from pretrain.model.weights import save_weights
+
+    data = prepare_stdlib(root / "data", max_bytes)
+    torch.manual_seed(0)
+    shape = dict(vocab_size=257, pad_vocab_to_multiple=1, n_layers=1, d_model=32, n_heads=2)
+    net = Transformer(ModelConfig(**{**shape, "d_ff": 64, "max_seq_len": seq_len, **model}))
+    run_cfg = {
+        "data": {"train": [str(data)], "valid": [str(data)]},
+        "train": {"seed": seed, "seq_len": seq_len},
+    }
+    wdir = root / "run" / "checkpoints" / "step_0000001"
+    save_weights(net, wdir, run_cfg)
+    load_tokenizer("bytes").save(wdir / "tokenizer")
+    (wdir.parent / "latest").write_text(wdir.name)
+    return root / "run", net
+
+
 _stdlib: dict[str, Path] = {}
 
 
