@@ -102,6 +102,22 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # type: ignore[override]
         self.exit(USER_ERROR, f"error: {self.prog}: {message} (see --help)\n")
 
+    def add_checkpoint_arguments(self, verb: str) -> None:
+        """--run and --step, as every program that reads a checkpoint takes them
+        (model/weights.find_weights_dir resolves them)."""
+        self.add_argument(
+            "--run",
+            required=True,
+            help="run folder (runs/NAME: its newest checkpoint), a checkpoint folder, or a "
+            "weights folder",
+        )
+        self.add_argument(
+            "--step",
+            type=int,
+            default=None,
+            help=f"{verb} this step's checkpoint instead of the newest",
+        )
+
 
 __all__ = [
     "DEBUG_ENV",

@@ -37,14 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--run",
-        required=True,
-        help="run folder (runs/NAME: its newest checkpoint), a checkpoint folder, or a weights folder",
-    )
-    p.add_argument(
-        "--step", type=int, default=None, help="export this step's checkpoint instead of the newest"
-    )
+    p.add_checkpoint_arguments("export")
     p.add_argument("--out", required=True, help="output folder (new, empty, or an earlier export)")
     p.add_argument(
         "--target",

@@ -31,17 +31,7 @@ from pretrain.run_layout import CHECKPOINTS_DIR
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--run",
-        required=True,
-        help="run folder (runs/NAME: its newest checkpoint), a checkpoint folder, or a weights folder",
-    )
-    p.add_argument(
-        "--step",
-        type=int,
-        default=None,
-        help="evaluate this step's checkpoint instead of the newest",
-    )
+    p.add_checkpoint_arguments("evaluate")
     p.add_argument(
         "--lengths",
         default="1x,2x,4x",

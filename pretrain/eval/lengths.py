@@ -3,6 +3,9 @@ checks they need (suite.evaluate_lengths runs them; pretrain/eval/positions.py m
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +82,6 @@ def scaling_tag(scaling: RopeScalingConfig | None) -> str:
     a short hash of the other fields where they are not the defaults."""
     if scaling is None:
         return ""
-    import dataclasses
-    import hashlib
-    import json
-
     tag = f"{scaling.type}{scaling.factor:g}".replace(".", "p")
     rest = {
         f.name: getattr(scaling, f.name)
