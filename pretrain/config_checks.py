@@ -29,11 +29,19 @@ def grad_accum_steps(cfg: Config, world_size: int) -> int:
     per_step = t.micro_batch_size * world_size
     if t.global_batch_size % per_step:
         lo = max(per_step, t.global_batch_size // per_step * per_step)
+        # A resumed run must keep its global batch: say which world sizes can hold it.
+        micro = t.global_batch_size // t.micro_batch_size
+        fits = [str(w) for w in range(1, micro + 1) if micro % w == 0]
+        holds = (
+            f"; with this micro batch, world sizes that can hold it: {', '.join(fits[:12])}"
+            if t.global_batch_size % t.micro_batch_size == 0
+            else ""
+        )
         raise ConfigError(
             f"train.global_batch_size={t.global_batch_size} is not divisible by "
             f"train.micro_batch_size={t.micro_batch_size} x world size {world_size} = {per_step}; "
             f"set train.global_batch_size to a multiple of {per_step} (e.g. {lo} or {lo + per_step}) "
-            f"or change train.micro_batch_size"
+            f"or change train.micro_batch_size{holds}"
         )
     return t.global_batch_size // per_step
 

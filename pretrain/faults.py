@@ -10,7 +10,8 @@ Two kinds:
       PRETRAIN_TEST_KILL_AT=POINT:STEP        die at POINT while at STEP (POINT alone: any step)
       PRETRAIN_TEST_PAUSE_AT=POINT:STEP:SECS  sleep SECS at POINT while at STEP
   Points: the phases of a checkpoint save (SAVE_POINTS), of a rollback (ROLLBACK_POINTS),
-  and the units a data preparation has written (PREPARE_POINTS; its STEP is the unit count).
+  the units a data preparation has written (PREPARE_POINTS; its STEP is the unit count), and
+  a checkpoint's re-partitioning for another number of ranks (RESHARD_POINTS).
   This module sits at the base, beside the config, so that data/ and train/ both use it.
 - **Data faults** from the config (`spikes.faults`, pretrain/config.py FaultConfig): a data
   step's batch corrupted so that the loss-spike guard has something to catch (`DataFaults`).
@@ -37,7 +38,8 @@ SAVE_POINTS = (
 )
 ROLLBACK_POINTS = ("rollback_recorded", "rollback_done")
 PREPARE_POINTS = ("prepare_units_written",)
-POINTS = SAVE_POINTS + ROLLBACK_POINTS + PREPARE_POINTS
+RESHARD_POINTS = ("universal_converted",)  # converted, before its marker and rename
+POINTS = SAVE_POINTS + ROLLBACK_POINTS + PREPARE_POINTS + RESHARD_POINTS
 
 
 def kill_requested(name: str, step: int) -> bool:
@@ -103,6 +105,7 @@ __all__ = [
     "PAUSE_ENV",
     "POINTS",
     "PREPARE_POINTS",
+    "RESHARD_POINTS",
     "ROLLBACK_POINTS",
     "SAVE_POINTS",
     "DataFaults",

@@ -31,6 +31,9 @@ EVAL_DIR = "eval"
 ROLLBACKS_FILE = "rollbacks.json"  # the run's loss-spike rollbacks (pretrain/train/spikes.py)
 STATE_FILE = "trainer_state.json"  # in a checkpoint folder; written last
 RNG_DIR = "rng"  # in a checkpoint folder: one file of RNG states per rank
+# In a checkpoint folder: its optimizer state re-partitioned for any number of ranks
+# (DeepSpeed's universal checkpoint; pretrain/train/reshard.py), made when first needed.
+UNIVERSAL_DIR = "universal"
 TMP_SUFFIX = ".tmp"  # a checkpoint folder being written
 DELETING_SUFFIX = ".deleting"  # a checkpoint folder being removed
 
@@ -107,6 +110,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(root: Path) -> None:
+    """Make every file under `root`, and the folders' entries, durable (before a rename
+    publishes the folder)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
 def atomic_write(
     path: str | Path, data: str | bytes, fsync: bool = True, mode: int | None = None
 ) -> Path:
@@ -166,9 +182,11 @@ __all__ = [
     "STATE_FILE",
     "TENSORBOARD_DIR",
     "TMP_SUFFIX",
+    "UNIVERSAL_DIR",
     "RunLayout",
     "atomic_write",
     "fsync_dir",
+    "fsync_tree",
     "read_metrics",
     "step_tag",
     "tag_step",

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pretrain.config import CheckpointConfig
 from pretrain.errors import UserError
 from pretrain.faults import die, fault_point, kill_requested
 from pretrain.integrity import (
@@ -51,24 +52,23 @@ from pretrain.run_layout import (
     RNG_DIR,
     STATE_FILE,
     TMP_SUFFIX,
+    UNIVERSAL_DIR,
     CheckpointSaveError,
     atomic_write,
     fsync_dir,
+    fsync_tree,
     step_tag,
     tag_step,
 )
 from pretrain.train.distributed import barrier
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
+from pretrain.train.reshard import (
+    ReshardError,
+    convert_to_universal,
+    load_location,
+    needs_universal,
+    saved_ranks,
+    universal_loading,
+)
 
 
 def is_complete(folder: Path) -> bool:
@@ -184,6 +184,8 @@ def clean_leftovers(ckpt_dir: Path) -> None:
     for p in ckpt_dir.iterdir():
         if p.is_dir() and p.name.endswith((TMP_SUFFIX, DELETING_SUFFIX)):
             shutil.rmtree(p, ignore_errors=True)
+        elif is_complete(p):  # a re-partitioning cut short (pretrain/train/reshard.py)
+            shutil.rmtree(p / (UNIVERSAL_DIR + TMP_SUFFIX), ignore_errors=True)
 
 
 def rng_state() -> dict[str, Any]:
@@ -208,9 +210,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class Checkpointer:
     """Save/load through a DeepSpeed engine; rank 0 owns the folder operations."""
 
-    def __init__(self, ckpt_dir: Path, keep_last: int, rank: int, world_size: int):
+    def __init__(self, ckpt_dir: Path, cfg: CheckpointConfig, rank: int, world_size: int):
         self.dir = Path(ckpt_dir)
-        self.keep_last = keep_last
+        self.keep_last = cfg.keep_last
+        self.verify = cfg.verify  # also how a reused universal form is checked
         self.rank = rank
         self.world_size = world_size
         if rank == 0:
@@ -256,7 +259,7 @@ class Checkpointer:
                 (tmp / STATE_FILE).write_text(text[: len(text) // 2])
                 die()
             (tmp / STATE_FILE).write_text(text)
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             fault_point("before_commit", step)
             if final.exists():  # the same step saved again (e.g. after a resume): replace it
                 old = self.dir / (tag + DELETING_SUFFIX)
@@ -284,24 +287,72 @@ class Checkpointer:
         fsync_dir(self.dir)
         shutil.rmtree(doomed, ignore_errors=True)
 
-    def load(self, engine, tag: str) -> dict[str, Any]:
-        """Restore engine (model, optimizer, scheduler), this rank's RNG; return trainer state."""
+    def load(self, engine, tag: str, seed: int) -> dict[str, Any]:
+        """Restore engine (model, optimizer, scheduler), this rank's RNG; return trainer state.
+
+        A checkpoint written by another number of ranks is re-partitioned first when its
+        optimizer state is partitioned (pretrain/train/reshard.py; rank 0 converts it once),
+        and the random states are re-seeded from (`seed`, step, rank), with one warning."""
         folder = self.dir / tag
         state = read_state(folder)
-        path, _ = engine.load_checkpoint(
-            str(self.dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        resharded = needs_universal(folder, self.world_size)
+        load_dir, load_tag = str(self.dir), tag
+        if resharded:
+            self._convert(folder)
+            load_dir, load_tag = load_location(folder)
+        with universal_loading(engine, resharded):
+            path, _ = engine.load_checkpoint(
+                load_dir, tag=load_tag, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {folder}")
         rng_file = folder / RNG_DIR / f"rank_{self.rank:05d}.pt"
         if rng_file.is_file() and state.get("world_size") == self.world_size:
             set_rng_state(torch.load(rng_file, weights_only=False))
-        elif self.rank == 0:
-            print(
-                f"warning: {folder} was written by {state.get('world_size')} ranks, this run has "
-                f"{self.world_size}; random states start afresh (data order is unaffected)"
-            )
+        else:
+            reseed(seed, state["step"], self.rank)
+            if self.rank == 0:
+                print(
+                    f"warning: {folder} was written by {_ranks(state.get('world_size'))}, this "
+                    f"run has {self.world_size}; random states (dropout) re-seeded from "
+                    f"(train.seed, step, rank); data order is unaffected",
+                    flush=True,
+                )
         return state
+
+    def _convert(self, folder: Path) -> None:
+        """Rank 0 makes folder's universal form; every rank gets its error, if any."""
+        error = None
+        if self.rank == 0:
+            saved = saved_ranks(folder)
+            try:
+                seconds = convert_to_universal(folder, verify=self.verify)
+            except ReshardError as e:
+                error = str(e)
+            else:
+                how = f"converted in {seconds:.1f} s" if seconds else "converted before"
+                print(
+                    f"re-partitioning {folder.name} (written by {_ranks(saved)}) for "
+                    f"{self.world_size}: DeepSpeed universal checkpoint, {how}",
+                    flush=True,
+                )
+        errors = [e for e in _gather([error]) if e]
+        if errors:
+            raise ReshardError(errors[0])
+
+
+def _ranks(n: int | None) -> str:
+    return "1 rank" if n == 1 else f"{n} ranks"
+
+
+def reseed(seed: int, step: int, rank: int) -> None:
+    """Seed python, numpy and torch from (seed, step, rank): a resume that cannot restore the
+    saved states (another world size) neither repeats step 0's dropout nor shares a stream
+    between ranks."""
+    value = int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
 
 
 def save_failed(e: Exception, ckpt_dir: Path, step: int) -> CheckpointSaveError:

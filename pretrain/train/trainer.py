@@ -251,7 +251,7 @@ class Trainer:
             else {},
             module=TrainModule(cfg, engine, env.world_size, faults),
             checkpointer=Checkpointer(
-                self.layout.checkpoints, cfg.checkpoint.keep_last, env.rank, env.world_size
+                self.layout.checkpoints, cfg.checkpoint, env.rank, env.world_size
             ),
         )
         self.rollbacks = read_rollbacks(self.layout.root) if cfg.checkpoint.resume else []
@@ -281,7 +281,7 @@ class Trainer:
 
     def _load(self, tag: str) -> None:
         """Restore checkpoint `tag`: engine, step, data position and callback state."""
-        state = self.run.checkpointer.load(self.run.module.engine, tag)
+        state = self.run.checkpointer.load(self.run.module.engine, tag, self.cfg.train.seed)
         self.step, self.consumed = state["step"], state["consumed_samples"]
         if self.consumed % self.cfg.train.global_batch_size:
             raise ConfigError(
