@@ -20,6 +20,15 @@ from pretrain.model.recompute import check_recompute
 from pretrain.model.weights import init_from_source
 
 
+def world_sizes_for(global_batch_size: int, micro_batch_size: int) -> list[int]:
+    """The numbers of ranks that can train a global batch in micro batches of this size
+    (every divisor of the micro batches per step; none when the sizes do not divide)."""
+    if global_batch_size % micro_batch_size:
+        return []
+    micro = global_batch_size // micro_batch_size
+    return [w for w in range(1, micro + 1) if micro % w == 0]
+
+
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
     """global batch = micro batch x accumulation x world size; refuse what does not divide."""
     t = cfg.train
@@ -30,11 +39,11 @@ def grad_accum_steps(cfg: Config, world_size: int) -> int:
     if t.global_batch_size % per_step:
         lo = max(per_step, t.global_batch_size // per_step * per_step)
         # A resumed run must keep its global batch: say which world sizes can hold it.
-        micro = t.global_batch_size // t.micro_batch_size
-        fits = [str(w) for w in range(1, micro + 1) if micro % w == 0]
+        fits = world_sizes_for(t.global_batch_size, t.micro_batch_size)
         holds = (
-            f"; with this micro batch, world sizes that can hold it: {', '.join(fits[:12])}"
-            if t.global_batch_size % t.micro_batch_size == 0
+            f"; with this micro batch, world sizes that can hold it: "
+            f"{', '.join(map(str, fits[:12]))}"
+            if fits
             else ""
         )
         raise ConfigError(
@@ -263,4 +272,5 @@ __all__ = [
     "check_vocab",
     "check_wandb",
     "grad_accum_steps",
+    "world_sizes_for",
 ]

@@ -85,7 +85,7 @@ def train(engine, cfg, updates: int, seed: int) -> None:
 
 
 def main() -> None:
-    from pretrain.config import load_config
+    from pretrain.config import load_config, to_dict
     from pretrain.run_layout import RunLayout
     from pretrain.train import distributed as dist_utils
     from pretrain.train.checkpoint import Checkpointer, read_state
@@ -114,7 +114,8 @@ def main() -> None:
             step_after = step
             train(engine, cfg, step, seed=0)
         dump(engine, out / f"{name}.saved.pt", env.is_main)
-        ckpt.save(engine, step_after, {"consumed_samples": 0}, lambda folder: None)
+        state = {"consumed_samples": 0, "config": to_dict(cfg)}
+        ckpt.save(engine, step_after, state, lambda folder: None)
 
 
 if __name__ == "__main__":

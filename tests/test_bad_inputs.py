@@ -33,6 +33,7 @@ PROGRAMS = {
     "rope_cache_size": "pretrain.cli.rope_cache_size:main",
     "plan": "pretrain.cli.plan:main",
     "check_checkpoint": "pretrain.cli.check_checkpoint:main",
+    "reshard_checkpoint": "pretrain.cli.reshard_checkpoint:main",
     "train_tokenizer": "pretrain.cli.train_tokenizer:main",
     "benchmark": "pretrain.cli.benchmark:main",
     "prepare_tasks": "pretrain.cli.prepare_tasks:main",
@@ -486,6 +487,16 @@ CASES = [
     Case("ckpt-missing", "check_checkpoint", ["{t}/nope"], "{t}/nope"),
     Case("ckpt-is-file", "check_checkpoint", ["{t}/afile"], "{t}/afile", text("afile", "x")),
     Case("ckpt-no-arg", "check_checkpoint", [], "run"),
+    # tools/reshard_checkpoint.py
+    Case("reshard-missing", "reshard_checkpoint", ["--run", "{t}/nope"], "{t}/nope"),
+    Case(
+        "reshard-weights-only",
+        "reshard_checkpoint",
+        ["--run", "{t}/w"],
+        "no complete checkpoint under {t}/w",
+        weights(),
+    ),
+    Case("reshard-workers", "reshard_checkpoint", ["--run", "{t}", "--workers", "0"], "--workers"),
     # tools/train_tokenizer.py
     Case("tok-no-input", "train_tokenizer", ["--output", "{t}/tok"], "--input"),
     Case(

@@ -24,9 +24,10 @@ from train_support import (
 from pretrain.config import ConfigError, load_config
 from pretrain.config_checks import grad_accum_steps
 from pretrain.run_layout import TMP_SUFFIX, UNIVERSAL_DIR
-from pretrain.train.reshard import saved_ranks
+from pretrain.train.reshard import saved_ranks, universal_ready
 
 PROBE = Path(__file__).with_name("reshard_probe.py")
+_QUIET = dict(cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
 # (name, train section): every ZeRO stage, bf16 and fp32. ZeRO-0 in bf16 accumulates in bf16
 # (DeepSpeed cannot accumulate bf16 gradients in fp32 without ZeRO: config_checks).
 SETUPS = {
@@ -144,3 +145,25 @@ def test_a_world_size_that_cannot_hold_the_global_batch_is_one_line(tmp_path):
     assert "\n" not in str(e.value)
     assert "train.global_batch_size=8 is not divisible by" in str(e.value)
     assert str(e.value).endswith("world sizes that can hold it: 1, 2")
+
+
+def test_the_offline_tool_converts_once_and_again_when_damaged(probes):
+    """tools/reshard_checkpoint.py writes the universal form a resume would, reuses it when
+    intact, and makes it again when a file of it is damaged."""
+    ckpts = probes["root"] / "z2_bf16" / "checkpoints"
+    folder = ckpts / "step_0000004"  # saved by 2 ranks; nothing has loaded it yet
+    tool = [sys.executable, str(REPO / "tools" / "reshard_checkpoint.py"), "--run"]
+    r = subprocess.run([*tool, str(probes["root"] / "z2_bf16"), "--workers", "1"], **_QUIET)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{folder / UNIVERSAL_DIR}: written in" in r.stdout
+    assert "world sizes that can resume it: 1, 2" in r.stdout
+    assert universal_ready(folder)
+    victim = next((folder / UNIVERSAL_DIR).rglob("exp_avg.pt"))
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one byte flipped
+    victim.write_bytes(bytes(raw))
+    assert not universal_ready(folder)
+    r = subprocess.run([*tool, str(folder), "--workers", "1"], **_QUIET)
+    assert r.returncode == 0 and "written in" in r.stdout, r.stderr[-2000:]
+    r = subprocess.run([*tool, str(folder)], **_QUIET)
+    assert "already there, intact" in r.stdout and universal_ready(folder)
