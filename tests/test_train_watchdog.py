@@ -223,7 +223,7 @@ def test_every_rank_overdue_gives_one_verdict_and_every_rank_exits(tmp_path):
 
 def test_a_rank_still_working_holds_the_verdict(tmp_path):
     job = Ranks(tmp_path, 2)
-    end = time.monotonic() + 4 * 0.5
+    end = time.monotonic() + 3 * 0.5
     while time.monotonic() < end:  # rank 0 keeps completing steps; rank 1 is overdue
         job.dogs[0].beat(job.dogs[0].step + 1)
         time.sleep(0.05)
@@ -237,6 +237,14 @@ def test_a_silent_rank_is_named(tmp_path):
     job.wait_for_exits(1, 10)
     assert "rank 1 stopped answering (process gone or frozen; no stacks)" in job.lines[0]
     assert job.layout.hang_report(0).exists() and not job.layout.hang_report(1).exists()
+
+
+def test_a_rank_that_failed_is_named(tmp_path):
+    job = Ranks(tmp_path, 2)
+    job.dogs[1].close(failed=True)  # its loop ended with an error; rank 0 waits on
+    job.wait_for_exits(1, 10)
+    assert "rank 1 ended with an error (see its log)" in job.lines[0]
+    assert "rank 0 stopped outside any collective" in job.lines[0]
 
 
 def test_a_rank_without_a_store_acts_alone(tmp_path):

@@ -152,7 +152,7 @@ class Watchdog:
         self.started = False  # a step of this start completed
         self.count = 0  # heartbeats published
         self.verdict: str | None = None
-        self.finished = False
+        self.finished: str | None = None  # "done" or "failed" once the loop has ended
         self._stop = threading.Event()
         self._reported = threading.Event()  # the stack file is written
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its count, when it changed)
@@ -174,15 +174,16 @@ class Watchdog:
         """A slow phase ended (a save, a rollback): the next step gets a whole allowance."""
         self.last_progress = time.monotonic()
 
-    def close(self) -> None:
-        """The run ends. After a verdict, wait for the report and exit with EXIT_HUNG: a rank
-        whose collective failed because a peer exited gets here with an error, and must not
-        leave with 1. Otherwise stop the thread and tell the others this rank finished."""
+    def close(self, failed: bool = False) -> None:
+        """The run ends (`failed`: with an error). After a verdict, wait for the report and
+        exit with EXIT_HUNG: a rank whose collective failed because a peer exited gets here
+        with an error, and must not leave with 1. Otherwise stop the thread and tell the
+        others this rank finished, or failed (their verdict then names it)."""
         if self.verdict is not None:
             self._reported.wait(timeout=self.exit_grace + 5.0)
             self.exit_process(EXIT_HUNG)
             return
-        self.finished = True
+        self.finished = "failed" if failed else "done"
         self._stop.set()
         self._thread.join(timeout=self.poll + 5.0)
         if self.verdict is not None:  # it came while stopping
@@ -199,11 +200,13 @@ class Watchdog:
         return max(5.0, 5 * self.poll)
 
     def _status(self, now: float) -> dict[str, Any]:
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        position = main_thread_position(frame) if frame is not None else {"phase": None}
+        idle = now - self.last_progress
+        position: dict[str, Any] = {"phase": None}
+        if idle > self.timeout:  # only then does it matter where the main thread is
+            frame = sys._current_frames().get(threading.main_thread().ident)
+            position = main_thread_position(frame) if frame is not None else position
         slow = not self.started or position["phase"] is not None
         limit = self.long_timeout if slow else self.timeout
-        idle = now - self.last_progress
         return {
             "count": self.count,
             "step": self.step,
@@ -211,7 +214,6 @@ class Watchdog:
             "limit": limit,
             "overdue": idle > limit,
             "finished": self.finished,
-            "started": self.started,
             **position,
         }
 
@@ -308,8 +310,12 @@ class Watchdog:
             parts.append(f"rank {ranks_text(ranks)} waits in a collective ({name})")
         if not stopped and not silent:
             parts.append("no rank stopped outside a collective: a stuck collective or network")
-        if finished:
-            parts.append(f"rank {ranks_text(finished)} finished")
+        failed = [r for r in finished if beats[r]["finished"] == "failed"]
+        if failed:
+            parts.append(f"rank {ranks_text(failed)} ended with an error (see its log)")
+        if len(failed) < len(finished):
+            done = [r for r in finished if r not in failed]
+            parts.append(f"rank {ranks_text(done)} finished")
         parts.append(f"stacks in {self.report(0).parent}/; exiting with {EXIT_HUNG}")
         return "; ".join(parts)
 
@@ -336,6 +342,8 @@ class Watchdog:
 
     def _write_report(self, verdict: str) -> None:
         status = self._status(time.monotonic())
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        where = main_thread_position(frame)["where"] if frame is not None else "?"
         when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         path = self.report(self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -344,8 +352,7 @@ class Watchdog:
             f"{socket.gethostname()}, pid {os.getpid()}), {when}\n"
             f"verdict: {verdict}\n"
             f"this rank: last completed step {status['step']}, no progress for "
-            f"{status['idle']:.1f} s (allowed {status['limit']:g} s); main thread "
-            f"{status.get('where', '?')}\n\n"
+            f"{status['idle']:.1f} s (allowed {status['limit']:g} s); main thread {where}\n\n"
         )
         atomic_write(path, head + format_stacks())
 

@@ -53,5 +53,5 @@ class HangWatchdog(Callback):
 
     def on_fit_end(self, trainer, exit_code) -> None:
         if self.watchdog is not None:
-            self.watchdog.close()  # after a verdict: exits with EXIT_HUNG
+            self.watchdog.close(failed=exit_code is None)  # after a verdict: EXIT_HUNG
             self.watchdog = None
