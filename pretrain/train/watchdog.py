@@ -167,7 +167,7 @@ class Watchdog:
         self._thread.start()
 
     def beat(self, step: int) -> None:
-        """A step completed (no lock: two assignments the thread reads)."""
+        """A step completed (no lock: plain assignments, which the thread only reads)."""
         self.step, self.started, self.last_progress = step, True, time.monotonic()
 
     def progress(self) -> None:
