@@ -332,6 +332,14 @@ class TrainConfig:
     loss_backend: Literal["chunked", "liger"] = "chunked"
     # Extra DeepSpeed config keys, merged over the generated config (advanced users).
     deepspeed: dict[str, Any] = field(default_factory=dict)
+    # The hang watchdog (docs/training.md, "Hangs and stragglers"): when no step completes for
+    # `hang_timeout` seconds on any rank, every rank writes its stacks to RUN/hang/ and the
+    # job exits 124 (slurm/launch.sh requeues it). 300 s is 9x a Llama-8B paper step at 40%
+    # MFU (34 s) and 60x a 1B one. `hang_timeout_long` (null = 4 x hang_timeout) holds until
+    # the first step of a start completes (compile, data workers) and while a rank saves,
+    # evaluates or rolls back. 0 or null = no watchdog.
+    hang_timeout: float | None = 300.0
+    hang_timeout_long: float | None = None
 
 
 @dataclass
@@ -362,17 +370,23 @@ class LoggingConfig:
 
 @dataclass
 class FaultConfig:
-    """A fault injected on purpose (tests and demos of `spikes`): it corrupts the batch of
-    data step `step`, the step that reads it when no data is skipped, on every rank. It
-    travels with the batch, like bad data: a rollback that skips the batch avoids it."""
+    """A fault injected on purpose (tests and demos of `spikes` and of the hang watchdog), at
+    data step `step`, the step that reads it when no data is skipped. A data fault corrupts
+    that step's batch on every rank; it travels with the batch, like bad data: a rollback
+    that skips the batch avoids it. A rank fault (hang, slow) stops or slows one rank."""
 
     step: int
-    last: int | None = None  # corrupt data steps step..last (null = step only)
+    last: int | None = None  # data steps step..last (null = step only); not for hang
     # nan: the loss (and so every gradient) is NaN; scale_loss: the loss and its gradients are
     # multiplied by `factor`; scale_grads: the gradients only (the loss reads normal);
     # noise: the batch is replaced by uniformly random token ids (bad data: it is learned).
-    kind: Literal["nan", "scale_loss", "scale_grads", "noise"] = "scale_loss"
+    # hang: rank `rank` blocks for good before the step's first forward, once per run folder
+    # (it leaves RUN/hang/injected_rank_R_step_S, so a requeued run trains through);
+    # slow: rank `rank` sleeps `seconds` before the forward of each of its steps.
+    kind: Literal["nan", "scale_loss", "scale_grads", "noise", "hang", "slow"] = "scale_loss"
     factor: float = 100.0
+    rank: int | None = None  # hang and slow only: the rank that stalls
+    seconds: float | None = None  # slow only: the delay per step
 
 
 @dataclass
@@ -698,6 +712,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "FaultConfig",
     "LoggingConfig",
     "ModelConfig",
     "OptimConfig",

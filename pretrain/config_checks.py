@@ -63,7 +63,8 @@ def check_run(cfg: Config, world_size: int, check_data: bool = True) -> None:
     _check_train(cfg)
     _check_schedule(cfg)
     _check_logging(cfg)
-    _check_spikes(cfg)
+    _check_watchdog(cfg)
+    _check_spikes(cfg, world_size)
     if check_data:
         _check_data_fields(cfg)
         if cfg.data.recipe is None:  # a recipe builds data.train[0] at start
@@ -167,7 +168,7 @@ def _check_logging(cfg: Config) -> None:
             _check_folder_path(key, Path(path))
 
 
-def _check_spikes(cfg: Config) -> None:
+def _check_spikes(cfg: Config, world_size: int) -> None:
     c = cfg.spikes
     if c.window < 2:
         raise ConfigError(f"spikes.window={c.window} must be >= 2")
@@ -193,10 +194,58 @@ def _check_spikes(cfg: Config) -> None:
             raise ConfigError(f"spikes.faults[{i}].step={f.step} must be >= 1")
         if f.last is not None and f.last < f.step:
             raise ConfigError(f"spikes.faults[{i}].last={f.last} must be >= step={f.step}")
-        if f.kind != "nan" and not (math.isfinite(f.factor) and f.factor != 0):
+        if f.kind in RANK_FAULTS:
+            _check_rank_fault(cfg, f, f"spikes.faults[{i}]", world_size)
+        elif f.rank is not None or f.seconds is not None:
+            raise ConfigError(
+                f"spikes.faults[{i}]: rank and seconds are for kind hang or slow; a {f.kind} "
+                f"fault corrupts the data of every rank: remove them"
+            )
+        elif f.kind != "nan" and not (math.isfinite(f.factor) and f.factor != 0):
             raise ConfigError(f"spikes.faults[{i}].factor={f.factor} must be finite and non-zero")
     if cfg.train.z_loss < 0:
         raise ConfigError(f"train.z_loss={cfg.train.z_loss} must be >= 0 (0 = off; PaLM 1e-4)")
+
+
+RANK_FAULTS = ("hang", "slow")
+
+
+def _check_rank_fault(cfg: Config, f, key: str, world_size: int) -> None:
+    """A hang or slow fault names one rank of this run; slow a delay, hang a watchdog."""
+    if f.rank is None or not 0 <= f.rank < world_size:
+        raise ConfigError(
+            f"{key}.rank={f.rank}: a {f.kind} fault needs the rank it stalls, 0 to "
+            f"{world_size - 1} for this world size of {world_size}"
+        )
+    if f.kind == "slow" and not (f.seconds is not None and 0 < f.seconds < math.inf):
+        raise ConfigError(
+            f"{key}.seconds={f.seconds}: a slow fault needs the delay per step in seconds (> 0)"
+        )
+    if f.kind == "hang":
+        if f.seconds is not None or f.last is not None:
+            raise ConfigError(
+                f"{key}: a hang fault blocks for good at its step; remove seconds and last"
+            )
+        if not cfg.train.hang_timeout:
+            raise ConfigError(
+                f"{key}: a hang fault with the watchdog off (train.hang_timeout="
+                f"{cfg.train.hang_timeout}) would hold the job until its time limit; set "
+                f"train.hang_timeout (seconds)"
+            )
+
+
+def _check_watchdog(cfg: Config) -> None:
+    t = cfg.train
+    for key in ("hang_timeout", "hang_timeout_long"):
+        value = getattr(t, key)
+        if value is not None and not 0 <= value < math.inf:
+            raise ConfigError(f"train.{key}={value} must be >= 0 seconds (0 or null = off)")
+    if t.hang_timeout and t.hang_timeout_long is not None and t.hang_timeout_long < t.hang_timeout:
+        raise ConfigError(
+            f"train.hang_timeout_long={t.hang_timeout_long} must be >= train.hang_timeout="
+            f"{t.hang_timeout} (it is the allowance of the slow phases: start, saves, "
+            f"evaluations); null = 4 x hang_timeout"
+        )
 
 
 def _check_folder_path(key: str, path: Path) -> None:

@@ -13,8 +13,11 @@ Two kinds:
   the units a data preparation has written (PREPARE_POINTS; its STEP is the unit count), and
   a checkpoint's re-partitioning for another number of ranks (RESHARD_POINTS).
   This module sits at the base, beside the config, so that data/ and train/ both use it.
-- **Data faults** from the config (`spikes.faults`, pretrain/config.py FaultConfig): a data
-  step's batch corrupted so that the loss-spike guard has something to catch (`DataFaults`).
+- **Step faults** from the config (`spikes.faults`, pretrain/config.py FaultConfig), by data
+  step (`DataFaults`): a batch corrupted so that the loss-spike guard has something to
+  catch, and one rank that hangs or is slow, for the hang watchdog and the straggler scalar
+  (pretrain/train/watchdog.py). A hang fires once per run folder: before blocking, the rank
+  leaves a marker in RUN/hang/, and a rerun of the run (a requeued job) trains through.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 import torch
 
 from pretrain.config import FaultConfig
+from pretrain.run_layout import RunLayout, atomic_write
 
 KILL_ENV = "PRETRAIN_TEST_KILL_AT"
 PAUSE_ENV = "PRETRAIN_TEST_PAUSE_AT"
@@ -66,12 +70,55 @@ def fault_point(name: str, step: int) -> None:
         time.sleep(float(seconds))
 
 
-class DataFaults:
-    """The config's `spikes.faults`, by data step: which corruption a micro batch gets."""
+def block_forever() -> None:
+    """What a hung rank does: never return (the main thread sleeps; other threads run)."""
+    while True:
+        time.sleep(3600)
 
-    def __init__(self, faults: list[FaultConfig], seed: int, vocab_size: int, rank: int):
-        self.by_step = {s: f for f in faults for s in range(f.step, (f.last or f.step) + 1)}
+
+class DataFaults:
+    """The config's `spikes.faults`, by data step: which corruption a micro batch gets, and
+    whether this rank stalls before it. `layout` is the run folder, where a hang fault that
+    fired leaves its marker."""
+
+    def __init__(
+        self,
+        faults: list[FaultConfig],
+        seed: int,
+        vocab_size: int,
+        rank: int,
+        layout: RunLayout | None = None,
+    ):
+        def steps(f: FaultConfig) -> range:
+            return range(f.step, (f.last or f.step) + 1)
+
+        rank_kinds = ("hang", "slow")
+        self.by_step = {s: f for f in faults if f.kind not in rank_kinds for s in steps(f)}
+        self.stalls = {
+            s: f for f in faults if f.kind in rank_kinds and f.rank == rank for s in steps(f)
+        }
         self.seed, self.vocab_size, self.rank = seed, vocab_size, rank
+        self.layout = layout
+
+    def stall(self, data_step: int, micro: int) -> None:
+        """Before the first micro batch of a data step: a slow fault of this rank sleeps its
+        seconds; a hang fault blocks for good, unless it fired before in this run folder."""
+        fault = self.stalls.get(data_step)
+        if fault is None or micro:
+            return
+        if fault.kind == "slow":
+            time.sleep(fault.seconds or 0.0)
+            return
+        if self.layout is not None:
+            marker = self.layout.injected_hang(self.rank, data_step)
+            if marker.exists():
+                return
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(marker, "a hang fault (spikes.faults) fired; it fires once per run\n")
+        print(
+            f"[fault] rank {self.rank} hangs at data step {data_step} (spikes.faults)", flush=True
+        )
+        block_forever()
 
     def batch(
         self, x: torch.Tensor, y: torch.Tensor, data_step: int, micro: int
@@ -109,6 +156,7 @@ __all__ = [
     "ROLLBACK_POINTS",
     "SAVE_POINTS",
     "DataFaults",
+    "block_forever",
     "die",
     "fault_point",
     "kill_requested",

@@ -8,6 +8,9 @@
                                        and a weights folder's files (model.safetensors,
                                        config.yaml, tokenizer/) that evaluation and export read
     RUN/eval/step_0001000/             evaluation results of that checkpoint
+    RUN/hang/rank_3.txt                the hang watchdog's report: rank 3's Python stacks
+                                       (pretrain/train/watchdog.py); only after a hang
+    RUN/hang/injected_rank_1_step_5    an injected hang fault fired (it fires once per run)
 
 Training writes the folder; evaluation, comparison, export and the Slurm launcher read it.
 Nothing else spells these names. This module imports nothing of ours, so every layer (model
@@ -28,6 +31,7 @@ TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
 EVAL_DIR = "eval"
+HANG_DIR = "hang"  # the hang watchdog's stack dumps, one file per rank
 ROLLBACKS_FILE = "rollbacks.json"  # the run's loss-spike rollbacks (pretrain/train/spikes.py)
 STATE_FILE = "trainer_state.json"  # in a checkpoint folder; written last
 RNG_DIR = "rng"  # in a checkpoint folder: one file of RNG states per rank
@@ -92,6 +96,17 @@ class RunLayout:
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / step_tag(step)
+
+    @property
+    def hang(self) -> Path:
+        return self.root / HANG_DIR
+
+    def hang_report(self, rank: int) -> Path:
+        return self.hang / f"rank_{rank}.txt"
+
+    def injected_hang(self, rank: int, data_step: int) -> Path:
+        """The marker an injected hang fault leaves (pretrain/faults.py): it fires once."""
+        return self.hang / f"injected_rank_{rank}_step_{data_step}"
 
     def latest_tag(self) -> str | None:
         """The tag `latest` names (complete or not), or None."""
@@ -175,6 +190,7 @@ __all__ = [
     "CONFIG_FILE",
     "DELETING_SUFFIX",
     "EVAL_DIR",
+    "HANG_DIR",
     "LATEST_FILE",
     "METRICS_FILE",
     "RNG_DIR",

@@ -18,7 +18,11 @@
 #      checkpoint and exit with 99; then it requeues the job (`scontrol requeue`). The
 #      requeued job runs this same command and resumes from RUN/checkpoints/latest.
 #      SIGTERM (scancel, pre-emption by Slurm) is forwarded too: the trainer saves, but the
-#      launcher does not requeue. A run that finished its iterations exits 0.
+#      launcher does not requeue. A run that finished its iterations exits 0;
+#   5. when the trainers exit 124 (the hang watchdog: no step completed within
+#      train.hang_timeout; every rank wrote its stacks to RUN/hang/), requeues the job too,
+#      at most PRETRAIN_MAX_HANG_REQUEUES times per job; the requeued job resumes from the
+#      last checkpoint (a hang is often a node or the network; one that recurs stops there).
 #
 # Settings (environment; defaults in brackets):
 #   PRETRAIN_PYTHON     Python command [.venv/bin/python if present, else python3]; see slurm/env.sh
@@ -27,11 +31,14 @@
 #   PRETRAIN_DS_LAUNCHER  DeepSpeed's multi-node backend when PRETRAIN_LAUNCHER=deepspeed
 #                       [slurm; pdsh needs passwordless ssh between nodes]
 #   PRETRAIN_MAX_REQUEUES  stop requeueing after this many restarts [100]
+#   PRETRAIN_MAX_HANG_REQUEUES  requeue a job whose training hung (exit 124) at most this
+#                       many times [3]; counted in RUN/hang/requeues-JOBID
 #   MASTER_PORT         rendezvous port [20000 + job id mod 20000]
 #   NCCL_* / TORCH_NCCL_* / OMP_NUM_THREADS   see "Communication" below; your values win
 set -euo pipefail
 
-EXIT_PREEMPTED=99   # pretrain/train/engine.py: checkpoint saved, run not finished
+EXIT_PREEMPTED=99   # pretrain/train/trainer.py: checkpoint saved, run not finished
+EXIT_HUNG=124       # pretrain/train/watchdog.py: no step completed in time; stacks in RUN/hang/
 
 log() { echo "[launch $(date -u +%FT%TZ)] $*"; }
 die() { echo "[launch] error: $*" >&2; exit 2; }
@@ -156,6 +163,23 @@ if [ "$got_term" = 0 ] && { [ "$rc" -eq "$EXIT_PREEMPTED" ] || { [ "$got_usr1" =
     exit "$rc"
   fi
   log "stopped for pre-emption (exit $rc); requeueing job $SLURM_JOB_ID (it resumes from $RUN_DIR)"
+  scontrol requeue "$SLURM_JOB_ID" || { log "scontrol requeue failed; submit the same script again, it resumes"; exit "$rc"; }
+  exit 0
+fi
+# 124: the hang watchdog ended a run whose steps stopped completing. srun reports the highest
+# exit code of its tasks, so a rank whose collective broke under it (exit 1) does not hide it.
+if [ "$got_term" = 0 ] && [ "$rc" -eq "$EXIT_HUNG" ]; then
+  restarts=${SLURM_RESTART_COUNT:-0}
+  count_file=$RUN_DIR/hang/requeues-$SLURM_JOB_ID
+  hangs=$(cat "$count_file" 2>/dev/null || echo 0)
+  max_hangs=${PRETRAIN_MAX_HANG_REQUEUES:-3}
+  if [ "$hangs" -ge "$max_hangs" ] || [ "$restarts" -ge "${PRETRAIN_MAX_REQUEUES:-100}" ]; then
+    log "training hung (exit $rc; stacks in $RUN_DIR/hang/); not requeueing: $hangs hang requeues (PRETRAIN_MAX_HANG_REQUEUES=$max_hangs), $restarts restarts (PRETRAIN_MAX_REQUEUES)"
+    exit "$rc"
+  fi
+  mkdir -p "$RUN_DIR/hang"
+  echo $((hangs + 1)) > "$count_file.tmp" && mv "$count_file.tmp" "$count_file"
+  log "training hung (exit $rc; stacks in $RUN_DIR/hang/); requeueing job $SLURM_JOB_ID (hang requeue $((hangs + 1)) of $max_hangs; it resumes from the last checkpoint)"
   scontrol requeue "$SLURM_JOB_ID" || { log "scontrol requeue failed; submit the same script again, it resumes"; exit "$rc"; }
   exit 0
 fi

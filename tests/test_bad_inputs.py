@@ -279,6 +279,20 @@ CASES = [
         "logging.log_interval",
         run_cfg(logging={"log_interval": 0}),
     ),
+    Case(
+        "main-hang-fault-without-rank",
+        "main",
+        CFG,
+        "spikes.faults[0].rank=None",
+        run_cfg(spikes={"faults": [{"step": 2, "kind": "hang"}]}),
+    ),
+    Case(
+        "main-hang-timeout-negative",
+        "main",
+        CFG,
+        "train.hang_timeout=-5.0",
+        run_cfg(train={"hang_timeout": -5}),
+    ),
     # tools/prepare_data.py
     Case("prep-no-output", "prepare_data", ["--tokenizer", "bytes"], "--output"),
     Case(

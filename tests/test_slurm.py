@@ -10,6 +10,8 @@ this host, tools/slurm_local.sh), jobs submitted with sbatch through slurm/launc
 - an evaluation job chained with --dependency=afterok (slurm/submit.sh) starts only after
   the pre-empted job completed;
 - USR1 sent to the steps also requeues; `scancel` (TERM) checkpoints but does not requeue;
+- a job one of whose ranks hangs (an injected fault, once) ends with the hang watchdog's
+  124 on both tasks, is requeued, resumes and finishes;
 - every generated paper job script is accepted by Slurm as written (`sbatch --test-only` on
   4 nodes of 8 GPUs).
 
@@ -347,6 +349,12 @@ def jobs(cluster, tmp_path_factory):
     )
     ids["preempted"] = re.search(r"training: +job (\d+)", out.stdout).group(1)
     ids["evaluate"] = re.search(r"evaluation: +job (\d+)", out.stdout).group(1)
+    # Rank 1 hangs at step 5, once (its marker stays in the run folder): the watchdog ends
+    # the job after 3 s, launch.sh requeues it, it resumes from step 3 and finishes.
+    hung = base / "hung"
+    hang = ["train.train_iters=6", "train.hang_timeout=3", "checkpoint.interval=3"]
+    hang += ["spikes.faults=[{kind: hang, step: 5, rank: 1}]", f"logging.run_dir={hung}"]
+    ids["hung"] = cluster.sbatch(script, *[a for o in hang for a in ("--set", o)])
     return {
         "base": base,
         "config": config,
@@ -354,6 +362,7 @@ def jobs(cluster, tmp_path_factory):
         "plain": plain,
         "preempted": preempted,
         "deepspeed": ds,
+        "hung": hung,
     }
 
 
@@ -463,3 +472,21 @@ def test_evaluation_waits_for_the_training_job(cluster, jobs):
     results = list((jobs["preempted"] / "eval").glob("step_*/valid_metrics.json"))
     assert [p.parent.name for p in results] == [f"step_{ITERS:07d}"], log
     assert json.loads(results[0].read_text())["loss"] > 0
+
+
+def test_hung_job_is_requeued_and_finishes(cluster, jobs):
+    job, run_dir = jobs["ids"]["hung"], jobs["hung"]
+    info = cluster.wait(job)
+    log = log_of(jobs, job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
+    # Both tasks of the first run exited with the watchdog's code, and srun passed it on.
+    assert "task 0: Exited with exit code 124" in log and "task 1: Exited with exit code 124" in log
+    verdict = [line for line in log.splitlines() if line.startswith("hang:")]
+    assert len(verdict) == 1 and verdict[0].startswith("hang: step 5 stalled"), log
+    assert "rank 1 stopped outside any collective, in block_forever" in verdict[0]
+    assert "training hung (exit 124" in log and f"requeueing job {job} (hang requeue 1 of 3" in log
+    assert f"job {job} (restart 1)" in log and re.search(r"resumed from \S+ \(step 3,", log)
+    hang = run_dir / "hang"
+    assert (hang / f"requeues-{job}").read_text().strip() == "1"
+    assert sorted(p.name for p in hang.glob("rank_*.txt")) == ["rank_0.txt", "rank_1.txt"]
+    assert sorted(losses(run_dir)) == list(range(1, 7))

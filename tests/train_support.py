@@ -120,6 +120,27 @@ def run_main(
     )
 
 
+def start_ranks(config: Path, nproc: int, logs: Path, **env: str) -> list[subprocess.Popen]:
+    """One process per rank with the launcher variables set, as srun starts them, so that
+    each rank's own exit code is seen (torchrun reports 1 for any failure). Each rank's
+    output goes to LOGS/rank_K.log."""
+    port = str(free_port())
+    procs = []
+    for rank in range(nproc):
+        ranks = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc)}
+        with open(logs / f"rank_{rank}.log", "w") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(MAIN), "--config", str(config)],
+                    cwd=REPO,
+                    env=child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **ranks, **env),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return procs
+
+
 def metrics(run_dir: Path) -> dict[int, dict[str, float]]:
     """step -> merged scalars from RUN/metrics.jsonl."""
     out: dict[int, dict[str, float]] = {}

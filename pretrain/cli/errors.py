@@ -13,7 +13,8 @@ its `main` in `user_errors` and builds its parser with `ArgumentParser`:
 
 With PRETRAIN_DEBUG=1 (any value but empty or 0) user errors raise as they are, traceback
 included. Exit codes of the programs: 0 ok, 1 failure, 2 user error, 99 pre-empted (the
-trainer saved a checkpoint after SIGTERM/SIGUSR1; requeue).
+trainer saved a checkpoint after SIGTERM/SIGUSR1; requeue), 124 hung (the trainer's hang
+watchdog: no step completed within train.hang_timeout; requeue).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ Every launcher works with the same command line:
 
 Re-running the same command resumes from the newest complete checkpoint. Exit codes:
 0 when train_iters are done, 99 after SIGTERM/SIGUSR1 (a checkpoint was written; requeue),
+124 when no step completed within train.hang_timeout (stacks in RUN/hang/; requeue),
 2 for a user error (config, data, path, flag: one line; PRETRAIN_DEBUG=1 for a traceback).
 """
 

@@ -13,6 +13,7 @@ engine's numerics. (OLMo-core splits its Trainer and TrainModule the same way.)
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -32,6 +33,10 @@ class TrainModule:
         self.faults = faults
         self.guard = StepGuard(cfg.spikes, world_size)
         self.guard.install(engine)
+        # This rank's own time since SpeedMonitor last took it: reading its micro batches
+        # (the trainer adds it) and their forward passes, which no other rank can hold up
+        # (no collective in a forward under ZeRO 0-2). Host clock: on a GPU, a slow host shows.
+        self.own_seconds = 0.0
 
     @property
     def lr(self) -> float:
@@ -50,10 +55,13 @@ class TrainModule:
         accumulation boundary). Returns the detached cross-entropy and z-loss term in fp64.
         `batch` gives the document inputs where the data switches are on (document ids,
         positions). A configured fault (spikes.faults) corrupts the batch or the loss on
-        purpose."""
+        purpose, or stalls this rank."""
+        t0 = time.perf_counter()
+        self.faults.stall(data_step, micro)  # an injected hang or slow rank
         documents = model_inputs_of(batch or {}, x.device)
         x, y = self.faults.batch(x, y, data_step, micro)
         loss, z_term = self.engine(x, targets=y, z_loss=self.cfg.train.z_loss, **documents)
+        self.own_seconds += time.perf_counter() - t0
         loss, objective = self.faults.loss(loss, data_step)
         self.engine.backward(objective)
         z_term = z_term.double()

@@ -9,12 +9,13 @@
       rollback()               back to the checkpoint before a run of loss spikes, skipping
                                their data (spikes.rollback_after; pretrain/train/recovery.py)
       callbacks                everything else, on a few hooks (pretrain/train/callbacks/):
-                               console, metrics, TensorBoard, W&B, speed and MFU, spikes,
-                               attention logits, evaluation, checkpoints, pre-emption
+                               hang watchdog, console, metrics, TensorBoard, W&B, speed and
+                               MFU, spikes, attention logits, evaluation, checkpoints, pre-emption
 
 The numerics live in the TrainModule; a callback reads a few names of the trainer
 (callbacks/base.py) and the StepOutput, and may save or ask to stop (`stop_signal`: the
-step ends, a checkpoint is saved, exit EXIT_PREEMPTED = 99, which Slurm requeues on).
+step ends, a checkpoint is saved, exit EXIT_PREEMPTED = 99, which Slurm requeues on; a hang
+exits EXIT_HUNG = 124, pretrain/train/watchdog.py, requeued too).
 """
 
 from __future__ import annotations
@@ -33,11 +34,7 @@ from pretrain.data.pipeline import DataSource, build_data
 from pretrain.eval.metrics import evaluate_loss, text_per_token
 from pretrain.faults import DataFaults, fault_point
 from pretrain.model.weights import save_weights
-from pretrain.run_layout import (
-    ROLLBACKS_FILE,
-    RunLayout,
-    atomic_write,
-)
+from pretrain.run_layout import ROLLBACKS_FILE, RunLayout, atomic_write
 from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks import Callback, StepOutput, build_callbacks
 from pretrain.train.checkpoint import Checkpointer, find_resume_tag, save_failed
@@ -54,6 +51,7 @@ from pretrain.train.recovery import (
     warn_config_changes,
 )
 from pretrain.train.spikes import Rollback, read_rollbacks
+from pretrain.train.watchdog import EXIT_HUNG  # 124: the hang watchdog ended the run; requeue
 
 EXIT_OK = 0
 EXIT_PREEMPTED = 99  # a signal-triggered checkpoint was written; requeue and re-run
@@ -238,7 +236,7 @@ class Trainer:
         eval_enabled = eval_enabled and data.valid is not None
         recompute = resolve_recompute(cfg, env.world_size, device, self.plan_recompute)
         engine = build_engine(cfg, env.world_size, device, recompute)
-        faults = DataFaults(cfg.spikes.faults, t.seed, cfg.model.vocab_size, env.rank)
+        faults = DataFaults(cfg.spikes.faults, t.seed, cfg.model.vocab_size, env.rank, self.layout)
         self.run = RunContext(
             env=env,
             device=device,
@@ -352,6 +350,7 @@ class Trainer:
             self.run.data.tokenizer.save(folder / "tokenizer")
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
         try:
             return next(self._batches)
         except StopIteration:
@@ -359,6 +358,8 @@ class Trainer:
                 f"the training data ran out at step {self.step + 1}; the dataset holds fewer "
                 f"than train_iters x global batch samples"
             ) from None
+        finally:  # this rank's own time (TrainModule.own_seconds: the straggler scalar)
+            self.run.module.own_seconds += time.perf_counter() - t0
 
     def _is_log_step(self, stopping: bool) -> bool:
         last = self.step == self.cfg.train.train_iters
@@ -375,4 +376,4 @@ def train(cfg: Config, data: DataSource | None = None, **kwargs: Any) -> int:
     return Trainer(cfg, data, **kwargs).fit()
 
 
-__all__ = ["EXIT_OK", "EXIT_PREEMPTED", "Trainer", "train"]
+__all__ = ["EXIT_HUNG", "EXIT_OK", "EXIT_PREEMPTED", "Trainer", "train"]

@@ -17,6 +17,7 @@ from pretrain.train.callbacks.base import Callback, StepOutput
 from pretrain.train.callbacks.checkpointing import Checkpointing
 from pretrain.train.callbacks.console import ConsoleProgress, Samples
 from pretrain.train.callbacks.evaluation import Evaluation
+from pretrain.train.callbacks.hang import HangWatchdog
 from pretrain.train.callbacks.max_logit import MaxLogitMonitor
 from pretrain.train.callbacks.preemption import Preemption
 from pretrain.train.callbacks.speed import SpeedMonitor
@@ -26,12 +27,12 @@ from pretrain.train.callbacks.writers import MetricsFile, TensorBoard, WandbLogg
 
 def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
     """The callbacks a config asks for, in the order they run on each hook."""
-    log = cfg.logging
-    out: list[Callback] = [
-        Preemption(),
-        SpeedMonitor(),
-        SpikeMonitor(),
-    ]
+    log, t = cfg.logging, cfg.train
+    # The watchdog first: a step's heartbeat before its save, the end before anything else.
+    out: list[Callback] = (
+        [HangWatchdog(t.hang_timeout, t.hang_timeout_long)] if t.hang_timeout else []
+    )
+    out += [Preemption(), SpeedMonitor(), SpikeMonitor()]
     if log.max_logit_interval > 0:
         out.append(MaxLogitMonitor(log.max_logit_interval))
     out += [ConsoleProgress(), Evaluation()]
@@ -96,6 +97,7 @@ __all__ = [
     "Checkpointing",
     "ConsoleProgress",
     "Evaluation",
+    "HangWatchdog",
     "MaxLogitMonitor",
     "MetricsFile",
     "Preemption",

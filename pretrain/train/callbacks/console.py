@@ -44,7 +44,11 @@ def spike_policy(c) -> str:
         parts.append(
             "INJECTED FAULTS at data steps "
             + ", ".join(
-                f"{f.step}" + (f"-{f.last}" if f.last else "") + f" ({f.kind})" for f in c.faults
+                f"{f.step}"
+                + (f"-{f.last}" if f.last else "")
+                + f" ({f.kind}"
+                + (f" on rank {f.rank})" if f.rank is not None else ")")
+                for f in c.faults
             )
         )
     return "; ".join(parts)

@@ -1,12 +1,15 @@
-"""Throughput, step time, MFU from the model's own FLOP count, peak memory, parameter norm."""
+"""Throughput, step time, MFU from the model's own FLOP count, peak memory, parameter norm,
+and the slowest rank."""
 
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 
 import torch
 
+from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks.base import Callback, StepOutput
 
 
@@ -14,6 +17,24 @@ def peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (process RSS)
+
+
+def rank_times(own_seconds: float, rank: int, world_size: int, device) -> list[float]:
+    """Every rank's `own_seconds`, on every rank: one all-reduce of a one-hot vector of
+    world_size slots (a logged step's only extra collective; 8 bytes a rank)."""
+    slots = torch.zeros(world_size, dtype=torch.float64, device=device)
+    slots[rank] = own_seconds
+    return dist_utils.all_reduce_sum(slots).tolist()
+
+
+def straggler_scalars(times: list[float]) -> dict[str, float]:
+    """perf/step_time_max_rank (seconds) and the rank it belongs to, beside the median."""
+    slowest = max(range(len(times)), key=times.__getitem__)
+    return {
+        "perf/step_time_max_rank": times[slowest],
+        "perf/step_time_max_rank_id": float(slowest),
+        "perf/step_time_rank_median": statistics.median(times),
+    }
 
 
 @torch.no_grad()
@@ -28,6 +49,9 @@ class SpeedMonitor(Callback):
     Tokens per second and MFU count the steps since the last logged step, leaving out time
     spent evaluating and saving. MFU = flops_per_token x tokens/s / (logging.peak_tflops x
     ranks): the model's FLOPs (6N + attention), not the executed ones with recompute.
+    Stragglers: every rank's own time per step over the same steps (reading its micro
+    batches and their forward passes: TrainModule.own_seconds, which waiting for other
+    ranks does not inflate); the largest, its rank, and the median.
     """
 
     def on_train_start(self, trainer) -> None:
@@ -51,6 +75,12 @@ class SpeedMonitor(Callback):
         step_time = (time.perf_counter() - self.window_start - out.eval_seconds) / max(
             1, self.steps
         )
+        run, module = trainer.run, trainer.run.module
+        own = module.own_seconds / max(1, self.steps)
+        module.own_seconds = 0.0
+        out.scalars.update(
+            straggler_scalars(rank_times(own, run.env.rank, run.env.world_size, run.device))
+        )
         self.window_start, self.steps = time.perf_counter(), 0
         out.scalars.update(
             {
@@ -72,3 +102,4 @@ class SpeedMonitor(Callback):
     def on_rollback(self, trainer, rollback) -> None:
         self._reset()  # loading the checkpoint is not training time
         self.window_start, self.steps = time.perf_counter(), 0
+        trainer.run.module.own_seconds = 0.0

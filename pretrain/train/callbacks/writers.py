@@ -103,6 +103,12 @@ class TensorBoard(Callback):
         for tag, text in out.events:
             self.writer.add_text(tag, text, out.step)
 
+    def on_save(self, trainer, folder) -> None:
+        # On disk with the checkpoint: a run that dies later (a kill, a hang's exit) and
+        # resumes from it has every event up to it (the ones after are purged anyway).
+        if self.writer is not None:
+            self.writer.flush()
+
     def on_rollback(self, trainer, rollback) -> None:
         if self.writer is None:
             return
