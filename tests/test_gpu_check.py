@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import shared_path
 
 from pretrain.cli.gpu_check import main
 from pretrain.errors import UserError
-from pretrain.gpucheck.report import TABLE_TITLES
+from pretrain.gpucheck.kernels import Shape, kernel_family, predicted_kernel
+from pretrain.gpucheck.report import BEGIN, END, TABLE_TITLES, update_docs
 from pretrain.gpucheck.results import TABLES, check, check_schema
-from pretrain.gpucheck.runner import EXIT_DONE, EXIT_MORE, Options, run_check
+from pretrain.gpucheck.runner import DOCS, EXIT_DONE, EXIT_MORE, Options, run_check
 from pretrain.gpucheck.stages import all_stages
 
 
@@ -44,7 +46,8 @@ def test_cpu_smoke_fills_every_stage_and_row(smoke):
         assert TABLE_TITLES[table] in md, table
     t = {k: [r for s in data["stages"].values() for r in s["tables"].get(k, [])] for k in TABLES}
     # Memory: the plan's figures on CPU; the allocator's are a GPU's (none here).
-    assert len(t["memory"]) == 2 * 2 * 2 + 2 * 2 * 2  # 2 models x 2 recompute x 2 phases + compile
+    # 2 models x 2 recompute x 2 phases; compile: eager (2 phases) and compiled (training)
+    assert len(t["memory"]) == 2 * 2 * 2 + 2 * (2 + 1)
     assert all(r["predicted_gib"] > 0 and r["allocated_gib"] is None for r in t["memory"])
     assert {r["recompute"] for r in t["memory"]} == {0, 2}
     assert {r["compile"] for r in t["speed"]} == {False, True}
@@ -96,3 +99,39 @@ def test_checks_flag_more_than_five_percent():
     assert check("x", 1.051, 1.0)["flagged"]
     assert check("x", 0.949, 1.0)["flagged"]
     assert not check("x", None, 1.0)["flagged"]
+
+
+def test_update_docs_rewrites_only_between_the_markers(tmp_path):
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"before\n{BEGIN}\nold table\n{END}\nafter\n")
+    update_docs(doc, "new table\n")
+    assert doc.read_text() == f"before\n{BEGIN}\nnew table\n{END}\nafter\n"
+    real = DOCS.read_text()
+    assert real.count(BEGIN) == 1 and real.count(END) == 1
+
+
+def test_kernel_prediction_and_names_on_a_gpu(monkeypatch):
+    """The documented rules on an sm90 device, and real CUDA kernel names of each family."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cuda = torch.device("cuda")
+
+    def shape(head_dim=64, heads=32, kv=8, dropout=0.0, softcap=0.0):
+        return Shape(head_dim, heads, kv, 2048, dropout, softcap, False)
+
+    bf16 = torch.bfloat16
+    assert predicted_kernel(shape(), cuda, bf16) == "flash"  # GQA, head_dim 64
+    assert predicted_kernel(shape(256, 8, 8), cuda, bf16) == "flash"
+    assert predicted_kernel(shape(dropout=0.2), cuda, bf16) == "flash"
+    assert predicted_kernel(shape(512, 8, 8), cuda, bf16) == "memory-efficient"
+    assert predicted_kernel(shape(512), cuda, bf16) == "math"  # GQA past flash's head dims
+    assert predicted_kernel(shape(64, 8, 8), cuda, torch.float32) == "memory-efficient"
+    assert predicted_kernel(shape(softcap=30.0), cuda, bf16) == "unfused"
+    names = {
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Flash_fwd_params)": "flash",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)": "memory-efficient",
+        "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0": "cudnn",
+        "aten::_scaled_dot_product_attention_math": "math",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+        "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn": None,
+    }
+    assert {n: kernel_family(n) for n in names} == names

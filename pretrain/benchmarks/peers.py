@@ -3,6 +3,7 @@
     python tools/benchmark.py peers                       # fp32 and bf16 autocast, 2 threads
     python tools/benchmark.py peers --compile             # also our model under torch.compile
     python tools/benchmark.py peers --precisions fp32 --rounds 9 --json peers.json
+    python tools/benchmark.py peers --device cuda --precisions bf16 --compile   # on a GPU
 
 litgpt is an optional dependency (`pip install -e .[bench]`); without it the benchmark stops.
 
@@ -16,8 +17,8 @@ relative; bf16 autocast: 5e-3, bf16's rounding) before anything is timed. Our pa
 How: each round runs every contestant's step once, in a fresh random order, and times
 F.linear at the model's MLP shape (the matmul peak, in the same precision, in the same
 conditions); the ratios are per-round (paired) ratios to our step, their median over rounds.
-The clock is process CPU time by default (descheduled time on a shared machine does not
-count); MFU = model FLOPs per step / (CPU seconds / threads) over the same rate of the matmul
+On CPU the clock is process CPU time by default (descheduled time on a shared machine does
+not count); on a GPU (`--device cuda`) wall time between device synchronisations; MFU = model FLOPs per step / (CPU seconds / threads) over the same rate of the matmul
 peak, so the clock's scale cancels. On a CPU without bf16 matrix units (AVX2 only) bf16
 matmuls run in a fallback kernel far below fp32, so bf16 runs a shorter sequence by default.
 """
@@ -122,7 +123,9 @@ def _contestants(args: argparse.Namespace, seq_len: int) -> list[Contestant]:
         out.append(ours("ours, QK-Norm", variant(base, qk_norm=True)))
     if args.compile:
         compiled_model = variant(base)
-        compiled = torch.compile(compiled_model, backend=getattr(args, "compile_backend", "inductor"))
+        compiled = torch.compile(
+            compiled_model, backend=getattr(args, "compile_backend", "inductor")
+        )
         out.append(
             Contestant("ours, compiled", compiled_model, lambda x, y: compiled(x, targets=y).loss)
         )
@@ -273,9 +276,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit("error: --device cuda but CUDA is not available; use --device cpu")
     torch.set_num_threads(args.threads)
     where = (
-        torch.cuda.get_device_name()
-        if args.device == "cuda"
-        else f"CPU, {args.threads} thread(s)"
+        torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {args.threads} thread(s)"
     )
     print(f"{where}; forward + backward + fused AdamW; torch {torch.__version__}")
     results = []

@@ -57,8 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="DIR",
-        help="results folder (default: the newest runs/gpu_check/<date>_<device>, "
-        "else a new one)",
+        help="results folder (default: the newest runs/gpu_check/<date>_<device>, else a new one)",
     )
     p.add_argument(
         "--budget",

@@ -66,7 +66,9 @@ class Shape:
 
     def label(self) -> str:
         gqa = f"GQA {self.heads}/{self.kv_heads}" if self.kv_heads != self.heads else "MHA"
-        extra = (", dropout" if self.dropout else "") + (", documents" if self.document_mask else "")
+        extra = (", dropout" if self.dropout else "") + (
+            ", documents" if self.document_mask else ""
+        )
         return f"head_dim {self.head_dim}, {self.heads} heads ({gqa}), seq {self.seq_len}{extra}"
 
 

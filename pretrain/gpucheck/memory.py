@@ -54,10 +54,11 @@ def run_rows(
     common = {"run": label, "micro_batch": plan.micro_batch, "recompute": plan.layers}
     memory = []
     checks = []
-    for phase, predicted, allocated, reserved in (
+    phases = [
         ("train step", plan.train_peak, measured["train_allocated"], measured["train_reserved"]),
         ("eval forward", plan.eval_peak, measured["eval_allocated"], measured["eval_reserved"]),
-    ):
+    ]
+    for phase, predicted, allocated, reserved in phases[:1] if compiled else phases:
         memory.append(
             {
                 **common,
@@ -71,10 +72,14 @@ def run_rows(
             }
         )
         if not compiled:  # the plan traces the eager model
-            checks.append(check(f"{label}, {phase}: allocated peak vs planned", allocated, predicted))
+            checks.append(
+                check(f"{label}, {phase}: allocated peak vs planned", allocated, predicted)
+            )
         # The plan's reserve allows 5% of the GPU for the caching allocator's rounding.
         room = predicted + 0.05 * plan.gpu.memory
-        checks.append(at_most(f"{label}, {phase}: reserved vs planned + 5% of the GPU", reserved, room))
+        checks.append(
+            at_most(f"{label}, {phase}: reserved vs planned + 5% of the GPU", reserved, room)
+        )
     tokens = plan.micro_batch * plan.grad_accum * plan.seq_len
     step = measured["step_time_s"]
     planned = plan.model_flops * tokens / (plan.gpu.peak_flops * DEFAULT_MFU)
@@ -98,10 +103,10 @@ def run_rows(
         "step_ms": None if profiled is None else 1e3 * profiled,
         **{f"{k}_ms": split.get(k) for k in ("forward", "backward", "optimizer", "communication")},
     }
-    phases = [split_row[f"{k}_ms"] for k in ("forward", "backward", "optimizer")]
+    parts = [split_row[f"{k}_ms"] for k in ("forward", "backward", "optimizer")]
     split_row["other_ms"] = (
-        split_row["step_ms"] - sum(phases)
-        if split_row["step_ms"] is not None and None not in phases
+        split_row["step_ms"] - sum(parts)
+        if split_row["step_ms"] is not None and None not in parts
         else None
     )
     return {"memory": memory, "speed": [speed], "split": [split_row]}, checks
@@ -123,7 +128,9 @@ def measure_plan(
         f"{plan.eval_peak / GiB:.2f} GiB; training {ctx.sizes.warmup + ctx.sizes.timed + 1} steps"
     )
     sizes = ctx.sizes
-    return plan, measure_run(run, ctx.device, sizes.warmup, sizes.timed, True, sizes.compile_backend)
+    return plan, measure_run(
+        run, ctx.device, sizes.warmup, sizes.timed, True, sizes.compile_backend
+    )
 
 
 def memory_stage(ctx: Context, name: str) -> dict[str, Any]:
@@ -140,7 +147,7 @@ def memory_stage(ctx: Context, name: str) -> dict[str, Any]:
             notes.append(f"{name}, {what}: no micro batch fits {ctx.gpu.name} by the plan")
             continue
         plan, measured = measure_plan(ctx, cfg, name, layers, mb, compiled=False)
-        label = f"{name}, micro batch {mb}, {what}"
+        label = f"{name}, micro batch {mb}, recompute {what}"
         rows, more = run_rows(ctx, label, plan, measured, compiled=False)
         _merge(tables, rows)
         checks += more
@@ -162,7 +169,9 @@ def compile_stage(ctx: Context, name: str) -> dict[str, Any]:
     steps = {}
     for compiled in (False, True):
         plan, measured = measure_plan(ctx, cfg, name, layers, mb, compiled)
-        label = f"{name}, micro batch {mb}, {describe_recompute(layers, cfg.model.n_layers)}"
+        label = (
+            f"{name}, micro batch {mb}, recompute {describe_recompute(layers, cfg.model.n_layers)}"
+        )
         label += ", compiled" if compiled else ", eager"
         rows, more = run_rows(ctx, label, plan, measured, compiled)
         _merge(tables, rows)

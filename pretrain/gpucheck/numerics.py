@@ -30,7 +30,7 @@ def loss_and_grads(model: Transformer, x: torch.Tensor) -> tuple[float, dict[str
     loss = model(x, targets=x).loss
     loss.backward()
     grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}
-    return float(loss), grads
+    return float(loss.detach()), grads
 
 
 def numerics_stage(ctx: Context) -> dict[str, Any]:

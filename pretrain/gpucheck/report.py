@@ -28,20 +28,20 @@ TABLE_TITLES = {
 PERCENT = ("error_", "mfu_", "_rel_error")
 
 
-def fmt(field: str, v: Any) -> str:
+def cell(field: str, v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, list):
-        return ", ".join(fmt(field, x) for x in v[:4]) + (" ..." if len(v) > 4 else "")
+        return ", ".join(cell(field, x) for x in v[:4]) + (" ..." if len(v) > 4 else "")
     if isinstance(v, float):
         if not math.isfinite(v):
             return str(v)
         if any(p in field for p in PERCENT):
             return f"{100 * v:+.2f}%" if field.startswith("error") else f"{100 * v:.3g}%"
         if field.endswith("_gib"):
-            return f"{v:.2f}"
+            return f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.2g}"
         if field.endswith("_ms"):
             return f"{v:.1f}"
         if field == "tokens_per_s":
@@ -74,7 +74,7 @@ def markdown(data: dict[str, Any], stages: list[Stage]) -> str:
         lines.append("| " + " | ".join(f.replace("_", " ") for f in fields) + " |")
         lines.append("|" + "---|" * len(fields))
         for row in rows:
-            lines.append("| " + " | ".join(fmt(f, row.get(f)) for f in fields) + " |")
+            lines.append("| " + " | ".join(cell(f, row.get(f)) for f in fields) + " |")
         lines.append("")
     lines += ["**Stages and checks**", "", "| stage | status | seconds | budget | flagged |"]
     lines.append("|---|---|---|---|---|")
@@ -82,7 +82,7 @@ def markdown(data: dict[str, Any], stages: list[Stage]) -> str:
         r = data.get("stages", {}).get(stage.name, {})
         flagged = [c["name"] for c in r.get("checks", []) if c.get("flagged")]
         lines.append(
-            f"| {stage.name} | {r.get('status', 'not run')} | {fmt('s', r.get('seconds'))} | "
+            f"| {stage.name} | {r.get('status', 'not run')} | {cell('s', r.get('seconds'))} | "
             f"{stage.budget_s} | {'; '.join(flagged) or 'none'} |"
         )
     return "\n".join(lines) + "\n"
@@ -94,13 +94,15 @@ def check_line(c: dict[str, Any]) -> str:
     bound = f"{c.get('bound', 'expected')} "
     mark = "OFF " if c.get("flagged") else "ok  "
     return (
-        f"  {mark}{c['name']}: {fmt('v', c['measured'])}, {bound}{fmt('v', c['expected'])}{where}"
+        f"  {mark}{c['name']}: {cell('v', c['measured'])}, {bound}{cell('v', c['expected'])}{where}"
     )
 
 
 def summary(data: dict[str, Any], stages: list[Stage]) -> list[str]:
     """The console's summary: stages with time vs budget, then every check."""
     out = ["", "GPU check summary (OFF = more than its tolerance, 5% unless stated, off):"]
+    if data.get("meta", {}).get("mode") == "cpu-smoke":
+        out.append("(cpu-smoke: tiny models on CPU; the figures and flags are not a GPU's)")
     flagged = 0
     for stage in stages:
         r = data.get("stages", {}).get(stage.name)
@@ -114,7 +116,7 @@ def summary(data: dict[str, Any], stages: list[Stage]) -> list[str]:
             else ""
         )
         out.append(
-            f"- {stage.name}: {r['status']}, {fmt('s', seconds)} s of {stage.budget_s} s{over}"
+            f"- {stage.name}: {r['status']}, {cell('s', seconds)} s of {stage.budget_s} s{over}"
         )
         if r.get("error"):
             out.append(f"    error: {r['error'].splitlines()[-1]}")
@@ -137,4 +139,13 @@ def update_docs(doc: Path, md: str) -> None:
     atomic_write(doc, f"{head}{BEGIN}\n{md}{END}{tail}", fsync=False)
 
 
-__all__ = ["BEGIN", "END", "TABLE_TITLES", "check_line", "fmt", "markdown", "summary", "update_docs"]
+__all__ = [
+    "BEGIN",
+    "END",
+    "TABLE_TITLES",
+    "check_line",
+    "cell",
+    "markdown",
+    "summary",
+    "update_docs",
+]

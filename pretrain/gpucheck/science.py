@@ -130,7 +130,9 @@ def science_stage(ctx: Context) -> dict[str, Any]:
     if not (data / "train").exists() and not list(data.glob("*train*")):
         prepare_tinyshakespeare(data, text, progress=False)
     previous = ctx.previous.get("tables", {})
-    done = {(r["theta"], r["seed"]): r for r in previous.get("science", []) if r["status"] == "done"}
+    done = {
+        (r["theta"], r["seed"]): r for r in previous.get("science", []) if r["status"] == "done"
+    }
     rows = list(done.values())
     ran = 0
     for theta in THETAS:

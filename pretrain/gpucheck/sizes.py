@@ -75,7 +75,7 @@ GPU_SIZES = Sizes(
 
 SMOKE_SIZES = Sizes(
     mode="smoke",
-    warmup=1,
+    warmup=0,
     timed=1,
     tiny_model=dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=256),
     micro_batch_cap=2,

@@ -89,15 +89,18 @@ def phase_times(prof, on_gpu: bool) -> dict[str, float]:
     kernels (on CPU: the collectives' own CPU time). Communication is inside the phases
     (DeepSpeed reduces gradients in its backward and step), reported apart."""
     out = dict.fromkeys([*PHASES.values(), "communication"], 0.0)
+    cpu = torch.autograd.DeviceType.CPU
     for e in prof.key_averages():
         name = e.key
         if name in PHASES:
+            if e.device_type != cpu:  # a GPU's copy of the label spans its kernels: counted once
+                continue
             total = e.device_time_total if on_gpu else e.cpu_time_total
             out[PHASES[name]] += total / 1e3
         elif any(c in name.lower() for c in COMMUNICATION):
             if on_gpu:
                 # kernels only (the CPU op that launched them has the same device time)
-                if e.device_type != torch.autograd.DeviceType.CPU:
+                if e.device_type != cpu:
                     out["communication"] += e.device_time_total / 1e3
             else:
                 out["communication"] += e.self_cpu_time_total / 1e3
@@ -107,8 +110,11 @@ def phase_times(prof, on_gpu: bool) -> dict[str, float]:
 class Probe(Callback):
     """Times, peaks and the profile of a run's steps (see the module docstring)."""
 
-    def __init__(self, meter: Meter, warmup: int, timed: int, profile_step: bool) -> None:
+    def __init__(
+        self, meter: Meter, warmup: int, timed: int, profile_step: bool, eval_forward: bool
+    ) -> None:
         self.meter, self.warmup, self.timed, self.profile_step = meter, warmup, timed, profile_step
+        self.eval_forward = eval_forward
         self.step_s: list[float] = []
         self.allocated: list[int] = []
         self.reserved: list[int] = []
@@ -146,7 +152,8 @@ class Probe(Callback):
             self.profiled_s = seconds
             self._prof = None
         if step == self.warmup + self.timed:
-            self._measure_eval(trainer)
+            if self.eval_forward:
+                self._measure_eval(trainer)
             if self.profile_step:
                 activities = [ProfilerActivity.CPU]
                 if self.meter.cuda:
@@ -234,10 +241,12 @@ def measure_run(
     profile_step: bool = True,
     backend: str = "inductor",
 ) -> dict[str, Any]:
-    """Train `cfg` (run_config's) and return its medians and peaks (bytes, seconds, ms)."""
+    """Train `cfg` (run_config's) and return its medians and peaks (bytes, seconds, ms).
+    A compiled model's evaluation forward is not measured: eval mode is a new graph to
+    compile (a minute for a 1B model), and the plan traces the eager model anyway."""
     meter = Meter(device)
     meter.clean()
-    probe = Probe(meter, warmup, timed, profile_step)
+    probe = Probe(meter, warmup, timed, profile_step, eval_forward=not cfg.train.compile)
     steps = warmup + timed + (1 if profile_step else 0)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, train_iters=steps))
     n = steps * cfg.train.global_batch_size
