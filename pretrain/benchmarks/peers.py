@@ -18,8 +18,9 @@ How: each round runs every contestant's step once, in a fresh random order, and 
 F.linear at the model's MLP shape (the matmul peak, in the same precision, in the same
 conditions); the ratios are per-round (paired) ratios to our step, their median over rounds.
 On CPU the clock is process CPU time by default (descheduled time on a shared machine does
-not count); on a GPU (`--device cuda`) wall time between device synchronisations; MFU = model FLOPs per step / (CPU seconds / threads) over the same rate of the matmul
-peak, so the clock's scale cancels. On a CPU without bf16 matrix units (AVX2 only) bf16
+not count); on a GPU (`--device cuda`) wall time between device synchronisations. MFU =
+model FLOPs per step / (CPU seconds / threads) over the same rate of the matmul peak, so the
+clock's scale cancels. On a CPU without bf16 matrix units (AVX2 only) bf16
 matmuls run in a fallback kernel far below fp32, so bf16 runs a shorter sequence by default.
 """
 

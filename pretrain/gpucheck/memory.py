@@ -71,15 +71,14 @@ def run_rows(
                 "error_reserved": relative_error(predicted, reserved),
             }
         )
+        gib = memory[-1]  # the checks in GiB, as the table
         if not compiled:  # the plan traces the eager model
-            checks.append(
-                check(f"{label}, {phase}: allocated peak vs planned", allocated, predicted)
-            )
+            name = f"{label}, {phase}: allocated peak (GiB) vs planned"
+            checks.append(check(name, gib["allocated_gib"], gib["predicted_gib"]))
         # The plan's reserve allows 5% of the GPU for the caching allocator's rounding.
-        room = predicted + 0.05 * plan.gpu.memory
-        checks.append(
-            at_most(f"{label}, {phase}: reserved vs planned + 5% of the GPU", reserved, room)
-        )
+        room = (predicted + 0.05 * plan.gpu.memory) / GiB
+        name = f"{label}, {phase}: reserved (GiB) vs planned + 5% of the GPU"
+        checks.append(at_most(name, gib["reserved_gib"], room))
     tokens = plan.micro_batch * plan.grad_accum * plan.seq_len
     step = measured["step_time_s"]
     planned = plan.model_flops * tokens / (plan.gpu.peak_flops * DEFAULT_MFU)

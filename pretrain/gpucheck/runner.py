@@ -140,7 +140,9 @@ def _run(opts: Options, log) -> int:
         commit=_commit(),
         gpu_gib=round(gpu.gib, 2),
     )
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    from deepspeed.utils import logger  # set after DeepSpeed's import, which sets INFO
+
+    logger.setLevel(logging.WARNING)  # its per-engine memory reports
     log(f"GPU check ({results.meta['mode']}) on {gpu.name}; results in {folder}")
     ran = 0
     left = []
