@@ -77,7 +77,7 @@ SMOKE_SIZES = Sizes(
     mode="smoke",
     warmup=0,
     timed=1,
-    tiny_model=dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=256),
+    tiny_model=dict(n_layers=1, d_model=64, n_heads=4, d_ff=128, vocab_size=256),
     micro_batch_cap=2,
     peers=dict(
         d_model=32,
