@@ -111,7 +111,7 @@ def peers_stage(ctx: Context) -> dict[str, Any]:
         compiled = by["ours, compiled"]["ratio_to_ours"]
         checks.append(at_most("ours compiled / ours eager step time (paired)", compiled, 1.0))
     notes = [
-        f"{result['parameters'] / 1e6:.0f}M parameters, batch {result['batch']} x "
+        f"{result['parameters']:,} parameters, batch {result['batch']} x "
         f"{result['seq_len']}, {result['rounds']} rounds; matmul peak measured "
         f"{result['peak_gflops'] / 1e3:.1f} TFLOP/s (F.linear {result['peak_shape']})"
     ]
