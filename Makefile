@@ -11,7 +11,7 @@ HAS_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
 TORCH_WHEELS ?= /opt/wheels
 UV_VERSION   := 0.13.9
 
-.PHONY: venv quickstart test test-latest test-exports lock lint clean
+.PHONY: venv quickstart test test-latest test-exports gpu-check lock lint clean
 
 venv: $(VENV)/.installed
 
@@ -35,6 +35,12 @@ quickstart: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# The GPU acceptance run (docs/performance.md, "Measured on a GPU"): the stages not done yet
+# that fit in one 10-minute command; run it again until it says all done (exit 75 = stages
+# left, not an error). GPU_CHECK_ARGS: e.g. --science, --stage kernels, --fresh, --cpu-smoke.
+gpu-check: venv
+	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS) || test $$? -eq 75
 
 # The dependency-sensitive tests against the newest versions pyproject.toml's ranges allow
 # (a fresh .venv-latest); a failure lists the packages that moved from the lock.

@@ -38,6 +38,7 @@ PROGRAMS = {
     "benchmark": "pretrain.cli.benchmark:main",
     "prepare_tasks": "pretrain.cli.prepare_tasks:main",
     "passkey": "pretrain.cli.passkey:main",
+    "gpu_check": "pretrain.cli.gpu_check:main",
 }
 
 
@@ -552,6 +553,10 @@ CASES = [
     Case("bench-no-area", "benchmark", [], "AREA"),
     Case("bench-unknown-area", "benchmark", ["gpu"], "gpu"),
     Case("bench-bad-flag", "benchmark", ["model", "--bogus"], "--bogus"),
+    # tools/gpu_check.py (flags only: the smoke is tests/test_gpu_check.py)
+    Case("gpu-check-stage", "gpu_check", ["--cpu-smoke", "--stage", "gpu"], "--stage gpu"),
+    Case("gpu-check-budget", "gpu_check", ["--budget", "-1"], "--budget -1 must be >= 0"),
+    Case("gpu-check-report", "gpu_check", ["--report"], "--report needs --results DIR"),
 ]
 
 

@@ -3,6 +3,7 @@
     python tools/benchmark.py peers                       # fp32 and bf16 autocast, 2 threads
     python tools/benchmark.py peers --compile             # also our model under torch.compile
     python tools/benchmark.py peers --precisions fp32 --rounds 9 --json peers.json
+    python tools/benchmark.py peers --device cuda --precisions bf16 --compile   # on a GPU
 
 litgpt is an optional dependency (`pip install -e .[bench]`); without it the benchmark stops.
 
@@ -16,9 +17,10 @@ relative; bf16 autocast: 5e-3, bf16's rounding) before anything is timed. Our pa
 How: each round runs every contestant's step once, in a fresh random order, and times
 F.linear at the model's MLP shape (the matmul peak, in the same precision, in the same
 conditions); the ratios are per-round (paired) ratios to our step, their median over rounds.
-The clock is process CPU time by default (descheduled time on a shared machine does not
-count); MFU = model FLOPs per step / (CPU seconds / threads) over the same rate of the matmul
-peak, so the clock's scale cancels. On a CPU without bf16 matrix units (AVX2 only) bf16
+On CPU the clock is process CPU time by default (descheduled time on a shared machine does
+not count); on a GPU (`--device cuda`) wall time between device synchronisations. MFU =
+model FLOPs per step / (CPU seconds / threads) over the same rate of the matmul peak, so the
+clock's scale cancels. On a CPU without bf16 matrix units (AVX2 only) bf16
 matmuls run in a fallback kernel far below fp32, so bf16 runs a shorter sequence by default.
 """
 
@@ -74,7 +76,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     p.add_argument("--no-variants", action="store_true", help="skip partial RoPE and QK-Norm")
     p.add_argument("--compile", action="store_true", help="also time our model under torch.compile")
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend for --compile (default inductor; 'eager' captures the "
+        "graph without generating code: what tools/gpu_check.py --cpu-smoke uses)",
+    )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu (default) or cuda: on a GPU the clock is wall time after a synchronisation "
+        "(tools/gpu_check.py runs it there)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
 
 
@@ -109,20 +124,32 @@ def _contestants(args: argparse.Namespace, seq_len: int) -> list[Contestant]:
         out.append(ours("ours, QK-Norm", variant(base, qk_norm=True)))
     if args.compile:
         compiled_model = variant(base)
-        compiled = torch.compile(compiled_model)
+        compiled = torch.compile(
+            compiled_model, backend=getattr(args, "compile_backend", "inductor")
+        )
         out.append(
             Contestant("ours, compiled", compiled_model, lambda x, y: compiled(x, targets=y).loss)
         )
+    device = torch.device(getattr(args, "device", "cpu"))
+    for c in out:  # moved in place: each loss closure holds the same module
+        c.module.to(device)
     return out
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _step(entry: Entry, x: torch.Tensor, y: torch.Tensor, bf16: bool, clock) -> float:
+    _sync(x.device)
     t0 = clock()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         loss = entry.contestant.loss(x, y)
     loss.backward()
     entry.optimizer.step()
     entry.optimizer.zero_grad(set_to_none=True)
+    _sync(x.device)
     dt = clock() - t0
     if entry.first_loss != entry.first_loss:  # nan: the first step, before any update
         entry.first_loss = loss.item()
@@ -131,9 +158,11 @@ def _step(entry: Entry, x: torch.Tensor, y: torch.Tensor, bf16: bool, clock) -> 
 
 def _matmul_seconds(a: torch.Tensor, w: torch.Tensor, clock, repeat: int = 3) -> float:
     F.linear(a, w)
+    _sync(a.device)
     t0 = clock()
     for _ in range(repeat):
         F.linear(a, w)
+    _sync(a.device)
     return (clock() - t0) / repeat
 
 
@@ -141,17 +170,20 @@ def race(args: argparse.Namespace, precision: str) -> dict:
     bf16 = precision == "bf16"
     seq = args.bf16_seq_len if bf16 else args.seq_len
     rounds = args.bf16_rounds if bf16 else args.rounds
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    device = torch.device(getattr(args, "device", "cpu"))
+    # A GPU's work runs beside the process: its time is the wall clock's.
+    cpu_clock = args.clock == "cpu" and device.type == "cpu"
+    clock = time.process_time if cpu_clock else time.perf_counter
     contestants = _contestants(args, seq)
     entries = [
         Entry(c, torch.optim.AdamW(c.module.parameters(), lr=1e-4, fused=True)) for c in contestants
     ]
     g = torch.Generator().manual_seed(args.seed)
-    x = torch.randint(0, args.vocab, (args.batch, seq), generator=g)
-    y = torch.randint(0, args.vocab, (args.batch, seq), generator=g)
+    x = torch.randint(0, args.vocab, (args.batch, seq), generator=g).to(device)
+    y = torch.randint(0, args.vocab, (args.batch, seq), generator=g).to(device)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    a = torch.randn(args.batch * seq, args.d_model, generator=g).to(dtype)
-    w = torch.randn(2 * args.d_ff, args.d_model, generator=g).to(dtype)
+    a = torch.randn(args.batch * seq, args.d_model, generator=g).to(device, dtype)
+    w = torch.randn(2 * args.d_ff, args.d_model, generator=g).to(device, dtype)
     peak_flops = 2 * a.shape[0] * a.shape[1] * w.shape[0]
     model = contestants[0].module
     flops = model.flops_per_token(seq) * args.batch * seq
@@ -178,7 +210,7 @@ def race(args: argparse.Namespace, precision: str) -> dict:
             e.seconds.append(_step(e, x, y, bf16, clock))
         peak_s.append(_matmul_seconds(a, w, clock))
     # Rates per second of one thread's clock x threads: the CPU clock sums the threads.
-    scale = args.threads if args.clock == "cpu" else 1
+    scale = args.threads if cpu_clock else 1
     peak = peak_flops / (statistics.median(peak_s) / scale)
     base = entries[0].seconds
     rows = []
@@ -197,6 +229,7 @@ def race(args: argparse.Namespace, precision: str) -> dict:
         )
     return {
         "precision": precision,
+        "device": str(device),
         "batch": args.batch,
         "seq_len": seq,
         "rounds": rounds,
@@ -240,15 +273,17 @@ def run(args: argparse.Namespace) -> None:
     for name in ("d_model", "layers", "heads", "d_ff", "vocab", "batch", "seq_len", "threads"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but CUDA is not available; use --device cpu")
     torch.set_num_threads(args.threads)
-    print(
-        f"CPU, {args.threads} thread(s); forward + backward + fused AdamW; "
-        f"torch {torch.__version__}"
+    where = (
+        torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {args.threads} thread(s)"
     )
+    print(f"{where}; forward + backward + fused AdamW; torch {torch.__version__}")
     results = []
     for precision in args.precisions:
         r = race(args, precision)
-        print(format_result(r, args.clock), flush=True)
+        print(format_result(r, args.clock if args.device == "cpu" else "wall"), flush=True)
         results.append(r)
     if args.json:
         path = Path(args.json)

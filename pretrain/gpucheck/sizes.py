@@ -1,0 +1,183 @@
+"""The sizes each mode runs at, and the context every stage receives.
+
+`gpu`: the real figures on one GPU (the paper's 1B configs at seq 2048, full-size peers).
+`smoke`: the same code at tiny sizes on CPU (--cpu-smoke): every stage's path runs, in
+seconds, so the kit cannot rot between GPU loans. Only the sizes differ between the two;
+a stage never asks which mode it is in except through these numbers and `Context.cuda`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.config import ModelConfig
+from pretrain.planner.gpus import GPU, GPUS
+
+REPO = Path(__file__).resolve().parents[2]
+MEMORY_CONFIGS = ("llama1b_rope10", "pythia1b_rope10")  # configs/paper/NAME.yaml
+CHAR_CONFIG = "configs/char/shakespeare_theta{theta:g}.yaml"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    mode: str  # "gpu" or "smoke"
+    warmup: int  # untimed optimizer steps of a measured run
+    timed: int  # timed steps (then one profiled step)
+    tiny_model: dict[str, Any] | None  # model overrides for the paper configs (smoke)
+    micro_batch_cap: int | None  # the largest micro batch the planner may pick (smoke)
+    peers: dict[str, Any]  # tools/benchmark.py peers' arguments
+    kernel_seq_cap: int | None  # attention shapes at most this long (smoke)
+    numerics_model: dict[str, Any]
+    numerics_batch: tuple[int, int]  # (sequences, tokens)
+    science: dict[str, Any]  # seeds, overrides of the char config, generation sizes
+    # torch.compile's backend for train.compile and the peers' compiled model: inductor on a
+    # GPU; in the smoke dynamo's "eager" (the graph is captured, no code is generated: a
+    # CPU inductor build takes minutes on 2 cores; tests/test_model_compile.py covers it)
+    compile_backend: str = "inductor"
+
+
+GPU_SIZES = Sizes(
+    mode="gpu",
+    warmup=2,
+    timed=3,
+    tiny_model=None,
+    micro_batch_cap=None,
+    # Llama-1B's width with 8 of its 16 blocks: three models and their AdamW states fit an
+    # H100 beside each other (the paired rounds keep all of them alive).
+    peers=dict(
+        d_model=2048,
+        layers=8,
+        heads=32,
+        kv_heads=8,
+        d_ff=8192,
+        vocab=50304,
+        batch=4,
+        seq_len=2048,
+        bf16_seq_len=2048,
+        rounds=10,
+        bf16_rounds=10,
+        warmup=2,
+        compile=True,
+    ),
+    kernel_seq_cap=None,
+    numerics_model=dict(
+        vocab_size=1024, n_layers=4, d_model=256, n_heads=8, n_kv_heads=2, d_ff=704
+    ),
+    numerics_batch=(4, 256),
+    science=dict(seeds=(1, 2, 3), overrides=(), gen_tokens=200, gen_rounds=10),
+)
+
+SMOKE_SIZES = Sizes(
+    mode="smoke",
+    warmup=0,
+    timed=1,
+    tiny_model=dict(n_layers=1, d_model=64, n_heads=4, d_ff=128, vocab_size=256),
+    micro_batch_cap=2,
+    peers=dict(
+        d_model=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        d_ff=64,
+        vocab=128,
+        batch=1,
+        seq_len=16,
+        bf16_seq_len=16,
+        rounds=1,
+        bf16_rounds=1,
+        warmup=1,
+        # dynamo's tracing of the peers' model alone takes ~15 s on 2 cores; the compile
+        # stage runs train.compile (through the trainer) in the smoke instead
+        compile=False,
+    ),
+    kernel_seq_cap=32,
+    numerics_model=dict(vocab_size=128, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64),
+    numerics_batch=(2, 16),
+    science=dict(
+        seeds=(1,),
+        overrides=(
+            "model.n_layers=1",
+            "model.d_model=32",
+            "model.n_heads=2",
+            "model.d_ff=64",
+            "model.max_seq_len=32",
+            "train.seq_len=32",
+            "train.train_iters=3",
+            "train.global_batch_size=2",
+            "train.micro_batch_size=2",
+            "train.eval_interval=2",
+            "train.eval_iters=1",
+            "schedule.warmup_steps=1",
+            "logging.log_interval=1",
+            "logging.tensorboard=false",
+            "logging.sample_prompts=[]",
+        ),
+        gen_tokens=4,
+        gen_rounds=1,
+    ),
+    compile_backend="eager",
+)
+
+
+def smoke_model_overrides(model: ModelConfig, tiny: dict[str, Any], seq: int) -> list[str]:
+    """--set overrides that shrink a paper config's model and sequence for the smoke, keeping
+    its kind: GQA stays GQA (half as many kv heads), MHA stays MHA."""
+    out = [f"model.{k}={v}" for k, v in tiny.items()]
+    gqa = model.n_kv_heads is not None and model.n_kv_heads != model.n_heads
+    out.append(f"model.n_kv_heads={tiny['n_heads'] // 2 if gqa else 'null'}")
+    out += [f"model.max_seq_len={seq}", f"train.seq_len={seq}"]
+    return out
+
+
+@dataclass
+class Context:
+    """What a stage gets: where to write, the device, the sizes, the planner's GPU, the time
+    it must end by (monotonic seconds), and its own result of an earlier call (chunked
+    stages continue from it)."""
+
+    sizes: Sizes
+    device: torch.device
+    folder: Path
+    gpu: GPU  # the planner's view of this device
+    target: str  # "cuda" or "cpu": which kernels the plan traces
+    deadline: float
+    previous: dict[str, Any] = field(default_factory=dict)
+    shakespeare: Path | None = None
+    log: Callable[[str], None] = print
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def this_gpu(device: torch.device) -> tuple[GPU, str]:
+    """(the planner's GPU for this device, the plan's kernel target). A CUDA device is
+    planned with its reported memory and the peak of the known GPU its name matches (989
+    TFLOP/s dense BF16 for both H100 and H200); the smoke plans a CPU with 8 GiB."""
+    if device.type != "cuda":
+        return GPU("CPU (smoke)", 8 * 2**30, 1e12), "cpu"
+    props = torch.cuda.get_device_properties(device)
+    known = next((g for k, g in GPUS.items() if k in props.name.lower()), None)
+    return GPU(props.name, props.total_memory, known.peak_flops if known else 989e12), "cuda"
+
+
+__all__ = [
+    "CHAR_CONFIG",
+    "Context",
+    "GPU_SIZES",
+    "MEMORY_CONFIGS",
+    "REPO",
+    "SMOKE_SIZES",
+    "Sizes",
+    "smoke_model_overrides",
+    "this_gpu",
+]

@@ -1,0 +1,285 @@
+"""Real training steps through the Trainer (DeepSpeed engine, ZeRO-1, the run's precision),
+measured by one callback: step time, the allocator's peak per step (allocated and reserved),
+the evaluation forward's peak, and a torch.profiler trace of one step split into forward,
+backward, optimizer and communication.
+
+The run is the paper config with the micro batch and recompute the stage chose, two micro
+batches per step (gradient accumulation 2, as the paper's runs on 32 GPUs), random tokens
+(pretrain/benchmarks/train.py's RandomTokens: speed and memory do not depend on the text),
+no evaluation, no checkpoint. Step k's numbers are read at its end (after a device
+synchronisation) and the allocator's peak is reset for step k + 1, so every peak is one
+step's; memory is counted above what was allocated before the run was built.
+
+Only `Meter` touches torch.cuda: on CPU (the smoke) it has no allocator figures (None) and
+everything else runs as on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from pretrain.benchmarks.train import RandomTokens
+from pretrain.config import Config, from_dict, to_dict
+from pretrain.data.dataset import make_loader
+from pretrain.data.pipeline import DataSource
+from pretrain.train.callbacks.base import Callback
+from pretrain.train.trainer import Trainer
+
+GiB = 2**30
+# The engine's three calls, as the profiler sees them (record_function labels).
+PHASES = {
+    "gpucheck/forward": "forward",
+    "gpucheck/backward": "backward",
+    "gpucheck/optimizer": "optimizer",
+}
+COMMUNICATION = ("nccl", "all_reduce", "allreduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+class Meter:
+    """The device's allocator statistics; on CPU none (None) and no synchronisation."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.base = 0
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def clean(self) -> None:
+        """Free what earlier runs left and take the allocated bytes as the zero."""
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak(self) -> tuple[int | None, int | None]:
+        """(peak allocated above the zero, peak reserved) since the last reset, in bytes."""
+        if not self.cuda:
+            return None, None
+        return torch.cuda.max_memory_allocated() - self.base, torch.cuda.max_memory_reserved()
+
+
+def _labelled(fn, label: str):
+    def call(*args, **kwargs):
+        with record_function(label):
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def phase_times(prof, on_gpu: bool) -> dict[str, float]:
+    """Milliseconds of the profiled step per phase: the device time of the kernels each
+    labelled engine call launched (on CPU: the calls' CPU time), and of the communication
+    kernels (on CPU: the collectives' own CPU time). Communication is inside the phases
+    (DeepSpeed reduces gradients in its backward and step), reported apart."""
+    out = dict.fromkeys([*PHASES.values(), "communication"], 0.0)
+    cpu = torch.autograd.DeviceType.CPU
+    for e in prof.key_averages():
+        name = e.key
+        if name in PHASES:
+            if e.device_type != cpu:  # a GPU's copy of the label spans its kernels: counted once
+                continue
+            total = e.device_time_total if on_gpu else e.cpu_time_total
+            out[PHASES[name]] += total / 1e3
+        elif any(c in name.lower() for c in COMMUNICATION):
+            if on_gpu:
+                # kernels only (the CPU op that launched them has the same device time)
+                if e.device_type != cpu:
+                    out["communication"] += e.device_time_total / 1e3
+            else:
+                out["communication"] += e.self_cpu_time_total / 1e3
+    return out
+
+
+class Probe(Callback):
+    """Times, peaks and the profile of a run's steps (see the module docstring)."""
+
+    def __init__(
+        self, meter: Meter, warmup: int, timed: int, profile_step: bool, eval_forward: bool
+    ) -> None:
+        self.meter, self.warmup, self.timed, self.profile_step = meter, warmup, timed, profile_step
+        self.eval_forward = eval_forward
+        self.step_s: list[float] = []
+        self.allocated: list[int] = []
+        self.reserved: list[int] = []
+        self.eval_peak: tuple[int | None, int | None] = (None, None)
+        self.split: dict[str, float] | None = None
+        self.profiled_s: float | None = None
+        self._prof = None
+        self._t = 0.0
+
+    def on_train_start(self, trainer) -> None:
+        engine = trainer.run.module.engine
+        # Instance attributes shadow the class's methods: the TrainModule's calls go through
+        # the labels, nothing of the trainer changes.
+        engine.forward = _labelled(engine.forward, "gpucheck/forward")
+        engine.backward = _labelled(engine.backward, "gpucheck/backward")
+        engine.step = _labelled(engine.step, "gpucheck/optimizer")
+        self.meter.sync()
+        self.meter.reset_peak()
+        self._t = time.perf_counter()
+
+    def on_step_end(self, trainer, out) -> None:
+        self.meter.sync()
+        now = time.perf_counter()
+        seconds, self._t = now - self._t, now
+        step = out.step
+        if self.warmup < step <= self.warmup + self.timed:
+            self.step_s.append(seconds)
+            allocated, reserved = self.meter.peak()
+            if allocated is not None:
+                self.allocated.append(allocated)
+                self.reserved.append(reserved)
+        if self._prof is not None:  # the profiled step just ended
+            self._prof.__exit__(None, None, None)
+            self.split = phase_times(self._prof, self.meter.cuda)
+            self.profiled_s = seconds
+            self._prof = None
+        if step == self.warmup + self.timed:
+            if self.eval_forward:
+                self._measure_eval(trainer)
+            if self.profile_step:
+                activities = [ProfilerActivity.CPU]
+                if self.meter.cuda:
+                    activities.append(ProfilerActivity.CUDA)
+                self._prof = profile(activities=activities)
+                self._prof.__enter__()
+        self.meter.reset_peak()
+        self._t = time.perf_counter()
+
+    def _measure_eval(self, trainer) -> None:
+        """One evaluation forward of a micro batch (with targets, no gradients), as the
+        trainer's evaluation runs it."""
+        cfg, model = trainer.cfg, trainer.run.module.model
+        shape = (cfg.train.micro_batch_size, cfg.seq_len)
+        device = trainer.run.device
+        x = torch.randint(0, cfg.model.vocab_size, shape, device=device)
+        self.meter.sync()
+        self.meter.reset_peak()
+        model.eval()
+        with torch.no_grad():
+            loss = model(x, targets=x).loss
+            del loss
+        model.train()
+        self.meter.sync()
+        self.eval_peak = self.meter.peak()
+        del x
+
+
+def run_config(
+    cfg: Config,
+    micro_batch: int,
+    layers: int,
+    steps: int,
+    run_dir: str,
+    compile_model: bool = False,
+    accumulation: int = 2,
+) -> Config:
+    """`cfg` as the measured run: `micro_batch` x `accumulation` sequences per step on one
+    process, `layers` blocks recomputed, `steps` optimizer steps, nothing evaluated or saved."""
+    data = to_dict(cfg)
+    t = data["train"]
+    t.update(
+        train_iters=steps,
+        micro_batch_size=micro_batch,
+        global_batch_size=micro_batch * accumulation,
+        activation_checkpointing=layers,
+        eval_interval=0,
+        compile=compile_model,
+    )
+    data["data"] = {**data["data"], "train": [], "valid": []}
+    data["schedule"] = {**data["schedule"], "warmup_steps": 1, "warmup_fraction": None}
+    data["checkpoint"] = {**data["checkpoint"], "resume": False, "init_from": None}
+    data["logging"] = {
+        **data["logging"],
+        "run_dir": run_dir,
+        "tensorboard": False,
+        "log_interval": 1,
+        "max_logit_interval": 0,
+        "sample_prompts": [],
+    }
+    return from_dict(Config, data)
+
+
+@contextlib.contextmanager
+def compile_backend(backend: str) -> Iterator[None]:
+    """Within: train.compile's `engine.compile()` uses `backend`. DeepSpeed binds the
+    default of `DeepSpeedEngine.compile(backend=...)` when it is imported, so the default is
+    swapped here and put back after; the trainer's own call is unchanged."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    fn = DeepSpeedEngine.compile
+    before = fn.__defaults__
+    fn.__defaults__ = (backend, *before[1:])
+    try:
+        yield
+    finally:
+        fn.__defaults__ = before
+
+
+def measure_run(
+    cfg: Config,
+    device: torch.device,
+    warmup: int,
+    timed: int,
+    profile_step: bool = True,
+    backend: str = "inductor",
+) -> dict[str, Any]:
+    """Train `cfg` (run_config's) and return its medians and peaks (bytes, seconds, ms).
+    A compiled model's evaluation forward is not measured: eval mode is a new graph to
+    compile (a minute for a 1B model), and the plan traces the eager model anyway."""
+    meter = Meter(device)
+    meter.clean()
+    probe = Probe(meter, warmup, timed, profile_step, eval_forward=not cfg.train.compile)
+    steps = warmup + timed + (1 if profile_step else 0)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, train_iters=steps))
+    n = steps * cfg.train.global_batch_size
+    data = DataSource(RandomTokens(n, cfg.seq_len, cfg.model.vocab_size), None, make_loader)
+    trainer = Trainer(cfg, data, callbacks=[probe], save_checkpoints=False)
+    try:
+        with compile_backend(backend):
+            trainer.fit()
+    finally:
+        if probe._prof is not None:
+            probe._prof.__exit__(None, None, None)
+        del trainer
+        meter.clean()
+    step_s = statistics.median(probe.step_s)
+    return {
+        "step_time_s": step_s,
+        "step_times_s": probe.step_s,
+        "tokens_per_s": cfg.train.global_batch_size * cfg.seq_len / step_s,
+        "train_allocated": max(probe.allocated) if probe.allocated else None,
+        "train_reserved": max(probe.reserved) if probe.reserved else None,
+        "eval_allocated": probe.eval_peak[0],
+        "eval_reserved": probe.eval_peak[1],
+        "split_ms": probe.split,
+        "profiled_step_s": probe.profiled_s,
+    }
+
+
+__all__ = [
+    "GiB",
+    "Meter",
+    "Probe",
+    "compile_backend",
+    "measure_run",
+    "phase_times",
+    "run_config",
+]

@@ -1,0 +1,137 @@
+"""tools/gpu_check.py --cpu-smoke: every stage of the GPU acceptance run at tiny sizes on CPU,
+so the kit cannot rot between GPU loans. It checks the result files' shape (every stage
+present and done, every row with its fields), the resume of a chunked stage, and the
+figures that are exact on CPU too; not GPU figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import shared_path
+
+from pretrain.cli.gpu_check import main
+from pretrain.errors import UserError
+from pretrain.gpucheck.kernels import Shape, kernel_family, predicted_kernel
+from pretrain.gpucheck.report import BEGIN, END, TABLE_TITLES, update_docs
+from pretrain.gpucheck.results import TABLES, check, check_schema
+from pretrain.gpucheck.runner import DOCS, EXIT_DONE, EXIT_MORE, Options, run_check
+from pretrain.gpucheck.stages import all_stages
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Two calls, as on a GPU loan: the first has no time left after its first stage (the
+    science stage, whose run stops at the deadline with a checkpoint), the second runs the
+    rest and resumes that run."""
+    folder = tmp_path_factory.mktemp("gpu_check")
+    text = str(shared_path("tinyshakespeare.txt"))
+    common = ["--cpu-smoke", "--science", "--results", str(folder), "--shakespeare", text]
+    first = main([*common, "--stage", "science", "--budget", "0"])
+    after_first = json.loads((folder / "results.json").read_text())
+    second = main(common)
+    data = json.loads((folder / "results.json").read_text())
+    return folder, first, after_first, second, data
+
+
+def test_cpu_smoke_fills_every_stage_and_row(smoke):
+    folder, _, _, second, data = smoke
+    assert second == EXIT_DONE
+    stages = [s for s, _ in all_stages()]
+    assert check_schema(data, stages) == []
+    assert data["meta"]["mode"] == "cpu-smoke"
+    md = (folder / "results.md").read_text()
+    for table in TABLES:
+        assert TABLE_TITLES[table] in md, table
+    t = {k: [r for s in data["stages"].values() for r in s["tables"].get(k, [])] for k in TABLES}
+    # Memory: the plan's figures on CPU; the allocator's are a GPU's (none here).
+    # 2 models x 2 recompute x 2 phases; compile: eager (2 phases) and compiled (training)
+    assert len(t["memory"]) == 2 * 2 * 2 + 2 * (2 + 1)
+    assert all(r["predicted_gib"] > 0 and r["allocated_gib"] is None for r in t["memory"])
+    assert {r["recompute"] for r in t["memory"]} == {0, 1}  # none and full (1 of 1 layers)
+    assert {r["compile"] for r in t["speed"]} == {False, True}
+    # The profiler saw the engine's three calls of the profiled step.
+    assert all(r["forward_ms"] > 0 and r["backward_ms"] > 0 for r in t["split"])
+    assert all(r["optimizer_ms"] > 0 for r in t["split"])
+    # Kernels: every attention shape of configs/paper and the char study; on CPU torch's
+    # flash kernel, the math path with dropout, as predicted.
+    assert {r["measured"] for r in t["kernels"]} == {"flash", "math"}
+    assert all(r["measured"] == r["predicted"] for r in t["kernels"])
+    assert {r["head_dim"] for r in t["kernels"]} == {64, 128, 256}
+    # Numerics: fp32 on the same device is exact; bf16 is not.
+    fp32, bf16 = t["numerics"]
+    assert fp32["loss_rel_error"] == 0 and fp32["grad_rel_error_max"] == 0
+    assert 0 < bf16["grad_rel_error_max"] < 0.1
+    # The GPU tests are collected and skip on CPU.
+    assert t["tests"] and {r["outcome"] for r in t["tests"]} == {"skipped"}
+    assert {r["model"] for r in t["peers"]} >= {"ours", "transformers", "litgpt"}
+
+
+def test_a_stage_stopped_by_its_deadline_resumes_at_the_next_call(smoke):
+    _, first, after_first, _, data = smoke
+    assert first == EXIT_MORE
+    science = after_first["stages"]["science"]
+    assert science["status"] == "partial"
+    (stopped,) = science["tables"]["science"]
+    assert stopped["steps"] == 2 and stopped["status"].startswith("stopped")
+    runs = data["stages"]["science"]["tables"]["science"]
+    assert [(r["theta"], r["steps"], r["status"]) for r in runs] == [
+        (5000.0, 3, "done"),
+        (10000.0, 3, "done"),
+    ]
+    assert [r["theta"] for r in data["stages"]["science"]["tables"]["science_speed"]] == [
+        5000.0,
+        10000.0,
+    ]
+
+
+def test_report_and_docs_refuse_smoke_results(smoke, capsys):
+    folder = smoke[0]
+    assert run_check(Options(report_only=True, results=folder, science=True)) == EXIT_DONE
+    assert "figure(s) flagged" in capsys.readouterr().out
+    with pytest.raises(UserError, match="GPU run"):
+        run_check(Options(report_only=True, results=folder, update_docs=True))
+
+
+def test_checks_flag_more_than_five_percent():
+    assert not check("x", 1.049, 1.0)["flagged"]
+    assert check("x", 1.051, 1.0)["flagged"]
+    assert check("x", 0.949, 1.0)["flagged"]
+    assert not check("x", None, 1.0)["flagged"]
+
+
+def test_update_docs_rewrites_only_between_the_markers(tmp_path):
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"before\n{BEGIN}\nold table\n{END}\nafter\n")
+    update_docs(doc, "new table\n")
+    assert doc.read_text() == f"before\n{BEGIN}\nnew table\n{END}\nafter\n"
+    real = DOCS.read_text()
+    assert real.count(BEGIN) == 1 and real.count(END) == 1
+
+
+def test_kernel_prediction_and_names_on_a_gpu(monkeypatch):
+    """The documented rules on an sm90 device, and real CUDA kernel names of each family."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cuda = torch.device("cuda")
+
+    def shape(head_dim=64, heads=32, kv=8, dropout=0.0, softcap=0.0):
+        return Shape(head_dim, heads, kv, 2048, dropout, softcap, False)
+
+    bf16 = torch.bfloat16
+    assert predicted_kernel(shape(), cuda, bf16) == "flash"  # GQA, head_dim 64
+    assert predicted_kernel(shape(256, 8, 8), cuda, bf16) == "flash"
+    assert predicted_kernel(shape(dropout=0.2), cuda, bf16) == "flash"
+    assert predicted_kernel(shape(512, 8, 8), cuda, bf16) == "memory-efficient"
+    assert predicted_kernel(shape(512), cuda, bf16) == "math"  # GQA past flash's head dims
+    assert predicted_kernel(shape(64, 8, 8), cuda, torch.float32) == "memory-efficient"
+    assert predicted_kernel(shape(softcap=30.0), cuda, bf16) == "unfused"
+    names = {
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Flash_fwd_params)": "flash",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)": "memory-efficient",
+        "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0": "cudnn",
+        "aten::_scaled_dot_product_attention_math": "math",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+        "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn": None,
+    }
+    assert {n: kernel_family(n) for n in names} == names
