@@ -9,7 +9,8 @@ Two kinds:
   reads them:
       PRETRAIN_TEST_KILL_AT=POINT:STEP        die at POINT while at STEP (POINT alone: any step)
       PRETRAIN_TEST_PAUSE_AT=POINT:STEP:SECS  sleep SECS at POINT while at STEP
-  Points: the phases of a checkpoint save (SAVE_POINTS), of a rollback (ROLLBACK_POINTS),
+  Points: the phases of a checkpoint save (SAVE_POINTS; with checkpoint.async they run in
+  the writer thread, and dying there kills the process), of a rollback (ROLLBACK_POINTS),
   and the units a data preparation has written (PREPARE_POINTS; its STEP is the unit count).
   This module sits at the base, beside the config, so that data/ and train/ both use it.
 - **Data faults** from the config (`spikes.faults`, pretrain/config.py FaultConfig): a data
@@ -28,6 +29,7 @@ from pretrain.config import FaultConfig
 KILL_ENV = "PRETRAIN_TEST_KILL_AT"
 PAUSE_ENV = "PRETRAIN_TEST_PAUSE_AT"
 SAVE_POINTS = (
+    "async_write",  # checkpoint.async: in the writer thread, DeepSpeed's files of this rank written
     "after_engine_save",
     "after_weights",
     "mid_marker",
