@@ -9,6 +9,7 @@ Two kinds:
   reads them:
       PRETRAIN_TEST_KILL_AT=POINT:STEP        die at POINT while at STEP (POINT alone: any step)
       PRETRAIN_TEST_PAUSE_AT=POINT:STEP:SECS  sleep SECS at POINT while at STEP
+      PRETRAIN_TEST_FAIL_AT=POINT:STEP        raise OSError(ENOSPC) there, as a full disk would
   Points: the phases of a checkpoint save (SAVE_POINTS; with checkpoint.async they run in
   the writer thread, and dying there kills the process), of a rollback (ROLLBACK_POINTS),
   and the units a data preparation has written (PREPARE_POINTS; its STEP is the unit count).
@@ -19,6 +20,7 @@ Two kinds:
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -28,6 +30,7 @@ from pretrain.config import FaultConfig
 
 KILL_ENV = "PRETRAIN_TEST_KILL_AT"
 PAUSE_ENV = "PRETRAIN_TEST_PAUSE_AT"
+FAIL_ENV = "PRETRAIN_TEST_FAIL_AT"
 SAVE_POINTS = (
     "async_write",  # checkpoint.async: in the writer thread, DeepSpeed's files of this rank written
     "after_engine_save",
@@ -56,9 +59,12 @@ def die() -> None:
 
 
 def fault_point(name: str, step: int) -> None:
-    """Die or pause here when a test asks for this point at this step; nothing otherwise."""
+    """Die, fail or pause here when a test asks for this point at this step; nothing
+    otherwise."""
     if kill_requested(name, step):
         die()
+    if os.environ.get(FAIL_ENV, "") in (name, f"{name}:{step}"):
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAIL_ENV}={name}:{step})")
     point, _, rest = os.environ.get(PAUSE_ENV, "").partition(":")
     at, _, seconds = rest.partition(":")
     if point == name and at == str(step):
@@ -101,6 +107,7 @@ class DataFaults:
 
 
 __all__ = [
+    "FAIL_ENV",
     "KILL_ENV",
     "PAUSE_ENV",
     "POINTS",

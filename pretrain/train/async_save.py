@@ -238,8 +238,9 @@ def say(line: str) -> None:
 
 
 class BackgroundSaves:
-    """At most one save in flight: `start(step, work)` runs `work()` in a thread, `wait()`
-    joins it and returns (step, error text) when it failed. `gather(obj)` is an all_gather
+    """At most one save in flight: `start(step, work)` runs `work()` in a thread (it returns
+    an error text, or None for success), `wait()` joins it and returns (step, error text)
+    when it failed. `gather(obj)` is an all_gather
     on the dedicated group, for `work` (see the module docstring)."""
 
     def __init__(self) -> None:
@@ -256,14 +257,14 @@ class BackgroundSaves:
     def in_flight(self) -> bool:
         return self._thread is not None
 
-    def start(self, step: int, work: Callable[[], None]) -> None:
+    def start(self, step: int, work: Callable[[], str | None]) -> None:
         if self._thread is not None:
             raise RuntimeError("a checkpoint save is already in flight; wait() for it first")
 
         def run() -> None:
             try:
-                work()
-            except Exception as e:
+                self._error = work()
+            except Exception as e:  # a bug of the writer: still reported at the wait
                 self._error = f"{type(e).__name__}: {e}"
             finally:
                 self.buffers.release()

@@ -292,7 +292,7 @@ class Checkpointer:
                 f"{time.perf_counter() - t0:.2f} s)"
             )
 
-        def write() -> None:
+        def write() -> str | None:
             error, records = None, []
             try:
                 host_copy.wait()
@@ -310,18 +310,18 @@ class Checkpointer:
                     records.append((Path(path).relative_to(tmp).as_posix(), file_record(path)))
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
-            self._commit_when_all_written(step, state, tmp, final, error, records, t0)
+            return self._commit_when_all_written(step, state, tmp, final, error, records, t0)
 
         self.background.start(step, write)
 
-    def _commit_when_all_written(self, step, state, tmp, final, error, records, t0) -> None:
-        """(Writer thread, every rank.) When every rank's files are on disk, rank 0 commits;
-        an error anywhere is raised on every rank."""
+    def _commit_when_all_written(self, step, state, tmp, final, error, records, t0) -> str | None:
+        """(Writer thread, every rank.) When every rank's files are on disk, rank 0 commits.
+        Returns the error of the save (the same on every rank), None when it is complete."""
         outcomes = self.background.gather((error, records))
         where = (lambda k: f" (rank {k})") if self.world_size > 1 else (lambda k: "")
         failed = [f"{err}{where(k)}" for k, (err, _) in enumerate(outcomes) if err]
         if failed:
-            raise RuntimeError(failed[0])
+            return failed[0]
         error = None
         if self.rank == 0:
             try:
@@ -337,8 +337,7 @@ class Checkpointer:
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
         error = self.background.gather(error)[0]
-        if error:
-            raise RuntimeError(f"{error}{where(0)}")
+        return f"{error}{where(0)}" if error else None
 
     def _commit(self, step: int, state, records: dict, tmp: Path, final: Path) -> None:
         """(Rank 0, every file of every rank on disk.) The marker with the files' `records`,
