@@ -54,8 +54,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
-from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
 # Host copy storage (its _cdata) -> the device tag ("cuda:0") torch.save gives the original.
 _LOCATIONS: dict[int, str] = {}
@@ -176,35 +174,27 @@ class HostCopy:
         self._originals.clear()
 
 
-class _Capturing(CheckpointEngine):
-    """DeepSpeed's checkpoint engine for one save: folders are made, files are only kept."""
+class _Capturing:
+    """DeepSpeed's checkpoint engine for one save: folders are made, files are only kept.
+    Everything but create/save/commit is the real engine's (a stand-in, not a subclass, so
+    that importing this module imports no DeepSpeed: tools/check_checkpoint.py reads
+    checkpoint.py without it)."""
 
-    def __init__(self, real: CheckpointEngine, host_copy: HostCopy) -> None:
-        super().__init__()
+    def __init__(self, real: Any, host_copy: HostCopy) -> None:
         self.real, self.host_copy = real, host_copy
-        self.name = f"capturing {real.name}"
         self.files: list[tuple[str, Any]] = []  # (path, host copy of its state dict)
 
-    def create(self, info) -> None:
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def create(self, info: Any) -> None:
         pass  # the real engine's only logs
 
-    def save(self, state_dict, path: str) -> None:
+    def save(self, state_dict: Any, path: str) -> None:
         self.files.append((path, self.host_copy(state_dict)))
 
-    def makedirs(self, path, exist_ok=False) -> None:
-        self.real.makedirs(path, exist_ok=exist_ok)
-
-    def load(self, path: str, map_location=None):
-        return self.real.load(path, map_location)
-
-    def commit(self, info) -> bool:
+    def commit(self, info: Any) -> bool:
         return True
-
-    def is_data_parallel_writer(self, dp_rank) -> bool:
-        return self.real.is_data_parallel_writer(dp_rank)
-
-    def preserves_storage_sharing(self) -> bool:
-        return self.real.preserves_storage_sharing()
 
 
 @contextlib.contextmanager
@@ -212,7 +202,7 @@ def capture_engine_saves(engine, host_copy: HostCopy) -> Iterator[_Capturing]:
     """Within the block, `engine.save_checkpoint` writes no file: `.files` of the object
     yielded holds (path, host copy) of each, for `write_captured` to write later."""
     real = engine.checkpoint_engine
-    if type(real) is not TorchCheckpointEngine:  # another writer: its bytes are its own
+    if real.name != "TorchCheckpointEngine":  # another writer: its bytes are its own
         raise ValueError(
             f"checkpoint.async needs DeepSpeed's torch checkpoint engine, not {real.name}; "
             f"remove the checkpoint writer from train.deepspeed, or set checkpoint.async=false"
