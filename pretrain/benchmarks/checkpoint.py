@@ -1,6 +1,6 @@
 """The training stall of a checkpoint save: synchronous vs `checkpoint.async`.
 
-    python tools/benchmark.py checkpoint                    # ~100M parameters, fp32: ~1.6 GB a save
+    python tools/benchmark.py checkpoint                    # 107M parameters, fp32
     python tools/benchmark.py checkpoint --precision bf16 --interval 50 --json out.json
     python tools/benchmark.py checkpoint --dir /scratch/ckpt  # the file system to write to
 
@@ -45,8 +45,8 @@ MODES = ("sync", "async")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--d-model", type=int, default=768)
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=640)
+    p.add_argument("--layers", type=int, default=10)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=128)
@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--precision", choices=["fp32", "bf16"], default="fp32", help="default fp32 (masters)"
     )
     p.add_argument("--zero-stage", type=int, default=1)
+    p.add_argument(
+        "--optim-impl",
+        choices=["auto", "fused", "foreach", "deepspeed"],
+        default="auto",
+        help="optim.impl (fused on a GPU skips compiling DeepSpeed's FusedAdam)",
+    )
     p.add_argument(
         "--interval", type=int, default=6, help="steps between saves (checkpoint.interval)"
     )
@@ -80,6 +86,7 @@ def _config(args: argparse.Namespace, run_dir: str, mode: str) -> Config:
                 "rope_fraction": 0.25,
             },
             "data": {"train": [], "valid": []},
+            "optim": {"impl": args.optim_impl},
             "schedule": {"warmup_steps": 1},
             "train": {
                 # The first save is untimed (the first steps warm up), and the last.
