@@ -1,5 +1,6 @@
-"""A user's callback, as a config names it (`callbacks: [{class: callback_probe.HookRecorder}]`):
-it records every hook it sees, and keeps a step count in the checkpoints."""
+"""Users' callbacks, as a config names them (`callbacks: [{class: callback_probe.HookRecorder}]`):
+HookRecorder records every hook it sees and keeps a step count in the checkpoints; SyncTwin
+saves synchronously beside a run's own (asynchronous) saves, for comparison."""
 
 from __future__ import annotations
 

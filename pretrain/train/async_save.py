@@ -110,6 +110,7 @@ class HostCopy:
         self._storages: dict[int, torch.UntypedStorage] = {}  # original _cdata -> host copy
         self._originals: list[Any] = []  # alive until the copies are done (ids stay unique)
         self._event: Any = None  # CUDA event after the last copy
+        self._on_gpu = False  # some copies are non-blocking copies from a GPU
 
     def __call__(self, obj: Any) -> Any:
         if isinstance(obj, _ATOMS):
@@ -144,6 +145,7 @@ class HostCopy:
         host = self._storages.get(src._cdata)
         if host is None:
             on_gpu = src.device.type == "cuda"
+            self._on_gpu |= on_gpu
             host = self.buffers.take(src.nbytes(), pinned=on_gpu)
             host.copy_(src, non_blocking=on_gpu)
             if src.device.type != "cpu":
@@ -163,7 +165,7 @@ class HostCopy:
         """Every object is copied (main thread): the GPU copies are queued before training's
         next kernels; record where they end."""
         self._memo.clear()
-        if torch.cuda.is_available() and any(s.device.type == "cuda" for s in self._originals):
+        if self._on_gpu:
             self._event = torch.cuda.Event()
             self._event.record()
 
