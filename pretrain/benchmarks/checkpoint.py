@@ -8,9 +8,10 @@ The same run (random tokens, the real trainer and DeepSpeed engine) is trained t
 checkpoint.async off and on, saving every --interval steps; a callback after the
 checkpointing one takes the time at the end of every step. Figures, per mode:
 
-- stall: the time of a save step minus the median time of the steps that save nothing (of
-  the synchronous run: its steps run alone), the median over the saves (the run's last
-  save is left out: it is waited for, as the end of a run waits for it);
+- stall: the time training stands still for a save (from just before the checkpointing
+  callback to just after it, in the save step), the median over the saves (the first is
+  left out, as are the first steps, and the last: it is waited for, as the end of a run
+  waits for it);
 - overhead per save: all the steps' time minus as many median steps, over the saves: the
   stall plus what the background writer takes from the steps that train beside it (CPU,
   the GIL, memory bandwidth), the cost a run actually pays;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -38,7 +40,7 @@ from pretrain.data.dataset import make_loader
 from pretrain.data.pipeline import DataSource
 from pretrain.errors import UserError
 from pretrain.run_layout import STATE_FILE, step_tag
-from pretrain.train.callbacks import Callback, build_callbacks
+from pretrain.train.callbacks import Callback, Checkpointing, build_callbacks
 from pretrain.train.trainer import train
 
 MODES = ("sync", "async")
@@ -100,7 +102,7 @@ def _config(args: argparse.Namespace, run_dir: str, mode: str) -> Config:
             },
             "checkpoint": {
                 "interval": args.interval,
-                "keep_last": 2,
+                "keep_last": args.saves + 2,  # every marker stays, for its saved_at
                 "resume": False,
                 "async": mode == "async",
             },
@@ -114,47 +116,50 @@ def _config(args: argparse.Namespace, run_dir: str, mode: str) -> Config:
     )
 
 
-class _StepEnds(Callback):
-    """Wall time at the end of every step, after its save (last in the callback order)."""
+class _Clock(Callback):
+    """Wall time at every step's end, at its place in the callback order."""
 
     def __init__(self) -> None:
-        self.ends: dict[int, float] = {}
+        self.at: dict[int, float] = {}
         self.params = 0
 
     def on_train_start(self, trainer) -> None:
-        self.ends[trainer.step] = time.time()
+        self.at[trainer.step] = time.time()
         self.params = sum(p.numel() for p in trainer.run.module.model.parameters())
 
     def on_step_end(self, trainer, out) -> None:
-        self.ends[out.step] = time.time()
+        self.at[out.step] = time.time()
 
 
 def _measure(args: argparse.Namespace, root: Path, mode: str) -> dict:
     cfg = _config(args, str(root / mode), mode)
-    probe = _StepEnds()
+    before, after = _Clock(), _Clock()  # just before Checkpointing, and last
+    callbacks = build_callbacks(cfg)
+    i = next(k for k, c in enumerate(callbacks) if isinstance(c, Checkpointing))
+    callbacks = [*callbacks[:i], before, *callbacks[i:], after]
     n = cfg.train.train_iters * cfg.train.global_batch_size
     data = DataSource(RandomTokens(n, cfg.seq_len, cfg.model.vocab_size), None, make_loader)
-    train(cfg, data, callbacks=[*build_callbacks(cfg), probe])
-    ends, interval = probe.ends, args.interval
+    train(cfg, data, callbacks=callbacks)
+    ends, interval, last = after.at, args.interval, cfg.train.train_iters
     steps = {s: ends[s] - ends[s - 1] for s in ends if s > interval}  # after the first save
-    saves = [s for s in steps if s % interval == 0 and s < cfg.train.train_iters]
-    plain = [t for s, t in steps.items() if s % interval]
-    folder = root / mode / "checkpoints" / step_tag(interval * args.saves)
+    saves = [s for s in steps if s % interval == 0 and s < last]
+    folder = root / mode / "checkpoints" / step_tag(last)
+    commit_after = [  # from the save step's end to the marker: the write, done
+        json.loads((root / mode / "checkpoints" / step_tag(s) / STATE_FILE).read_text())["saved_at"]
+        - ends[s]
+        for s in saves
+    ]
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    written = []
-    for s in saves:
-        state = root / mode / "checkpoints" / step_tag(s) / STATE_FILE
-        if state.is_file():
-            written.append(json.loads(state.read_text())["saved_at"] - ends[s])
+    shutil.rmtree(root / mode)  # the disk for the next mode
     return {
-        "params": probe.params,
+        "params": after.params,
         "checkpoint_bytes": size,
-        "step_s": statistics.median(plain),
-        "save_steps_s": [steps[s] for s in saves],
+        "step_s": statistics.median(t for s, t in steps.items() if s % interval),
+        "stall_s": statistics.median(ends[s] - before.at[s] for s in saves),
         "window_s": sum(steps.values()),
         "window_steps": len(steps),
         "timed_saves": len(saves),
-        "commit_after_s": written,
+        "commit_after_s": commit_after,
     }
 
 
@@ -167,7 +172,6 @@ def run(args: argparse.Namespace) -> None:
         return
     step = results["sync"]["step_s"]  # steps of the synchronous run train alone
     for r in results.values():
-        r["stall_s"] = statistics.median(t - step for t in r["save_steps_s"])
         r["overhead_per_save_s"] = (r["window_s"] - r["window_steps"] * step) / r["timed_saves"]
     s, a = results["sync"], results["async"]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
@@ -180,7 +184,11 @@ def run(args: argparse.Namespace) -> None:
     )
     print(f"{'mode':>6} {'stall s':>8} {'overhead/save s':>16} {'step s':>7} {'write s':>8}")
     for mode, r in results.items():
-        w = statistics.median(r["commit_after_s"]) if mode == "async" else r["stall_s"]
+        w = (
+            statistics.median(r["commit_after_s"])
+            if mode == "async" and r["commit_after_s"]
+            else r["stall_s"]
+        )
         print(
             f"{mode:>6} {r['stall_s']:8.3f} {r['overhead_per_save_s']:16.3f} "
             f"{r['step_s']:7.3f} {w:8.2f}"
