@@ -131,6 +131,10 @@ class _Clock(Callback):
         self.at[out.step] = time.time()
 
 
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def _measure(args: argparse.Namespace, root: Path, mode: str) -> dict:
     cfg = _config(args, str(root / mode), mode)
     before, after = _Clock(), _Clock()  # just before Checkpointing, and last
@@ -149,12 +153,22 @@ def _measure(args: argparse.Namespace, root: Path, mode: str) -> dict:
         - ends[s]
         for s in saves
     ]
+    # Steps that trained beside a write (ended before its marker) and steps that did not.
+    writing = {
+        t
+        for s, c in zip(saves, commit_after, strict=True)
+        for t in steps
+        if 0 < ends[t] - ends[s] < c
+    }
+    plain = [s for s in steps if s % interval]
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     shutil.rmtree(root / mode)  # the disk for the next mode
     return {
         "params": after.params,
         "checkpoint_bytes": size,
-        "step_s": statistics.median(t for s, t in steps.items() if s % interval),
+        "step_s": statistics.median(steps[s] for s in plain),
+        "step_s_beside_a_write": _median([steps[s] for s in plain if s in writing]),
+        "step_s_alone": _median([steps[s] for s in plain if s not in writing]),
         "stall_s": statistics.median(ends[s] - before.at[s] for s in saves),
         "window_s": sum(steps.values()),
         "window_steps": len(steps),
@@ -193,6 +207,9 @@ def run(args: argparse.Namespace) -> None:
             f"{mode:>6} {r['stall_s']:8.3f} {r['overhead_per_save_s']:16.3f} "
             f"{r['step_s']:7.3f} {w:8.2f}"
         )
+    beside, alone = a["step_s_beside_a_write"], a["step_s_alone"]
+    if beside is not None and alone is not None:
+        print(f"async steps beside a write: {beside:.3f} s, alone: {alone:.3f} s (median)")
     ratio = s["stall_s"] / max(a["stall_s"], 1e-9)
     print(
         f"stall: async {a['stall_s']:.3f} s vs sync {s['stall_s']:.3f} s ({ratio:.0f}x less); "
