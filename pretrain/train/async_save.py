@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -223,6 +224,18 @@ def write_captured(capturing: _Capturing) -> list[str]:
     return [path for path, _ in capturing.files]
 
 
+WRITER_NICENESS = 10
+
+
+def _yield_to_training() -> None:
+    """Lower this (writer) thread's CPU priority: where training keeps every core busy (CPU
+    runs: its OpenMP threads wait for the slowest of them), a writer at the same priority
+    slows every step it runs beside; a slower write only costs host memory for longer.
+    Linux sets the priority of one thread by its id; elsewhere this does nothing."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+
+
 def say(line: str) -> None:
     """One line to stdout from any thread (one write, so lines never interleave)."""
     sys.stdout.write(line + "\n")
@@ -255,6 +268,7 @@ class BackgroundSaves:
 
         def run() -> None:
             try:
+                _yield_to_training()
                 self._error = work()
             except Exception as e:  # a bug of the writer: still reported at the wait
                 self._error = f"{type(e).__name__}: {e}"
