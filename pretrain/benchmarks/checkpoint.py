@@ -1,22 +1,25 @@
 """The training stall of a checkpoint save: synchronous vs `checkpoint.async`.
 
     python tools/benchmark.py checkpoint                    # 39M parameters, fp32: 0.78 GB a save
-    python tools/benchmark.py checkpoint --precision bf16 --interval 50 --json out.json
+    python tools/benchmark.py checkpoint --precision bf16 --optim-impl fused --interval 50 --json out.json
     python tools/benchmark.py checkpoint --dir /scratch/ckpt  # the file system to write to
 
 The same run (random tokens, the real trainer and DeepSpeed engine) is trained twice, with
-checkpoint.async off and on, saving every --interval steps; a callback after the
-checkpointing one takes the time at the end of every step. Figures, per mode:
+checkpoint.async off and on, saving every --interval steps; two callbacks take the time at
+the end of every step, one just before the checkpointing callback and one after it.
+Figures, per mode:
 
-- stall: the time training stands still for a save (from just before the checkpointing
-  callback to just after it, in the save step), the median over the saves (the first is
-  left out, as are the first steps, and the last: it is waited for, as the end of a run
-  waits for it);
-- overhead per save: all the steps' time minus as many median steps, over the saves: the
-  stall plus what the background writer takes from the steps that train beside it (CPU,
-  the GIL, memory bandwidth), the cost a run actually pays;
+- stall: the time training stands still for a save (between the two callbacks, in a save
+  step), the median over the saves (the first is left out, with the first steps, and the
+  last: the end of a run waits for it);
 - write: for async, from the save step's end to the marker's `saved_at` (written, fsynced,
-  checksummed, committed) - how long the host copy is held.
+  checksummed, committed): how long the host copy is held;
+- async steps beside a write / alone: the median time of the steps that ended while a
+  write was in flight, and of the others, in the same run: what the writer takes from
+  training (CPU, memory bandwidth);
+- overhead per save: all the steps' time minus as many median steps of the synchronous
+  run, over the saves: the whole cost, stall and interference; on a loaded machine the
+  load's noise swamps it.
 
 Speed is measured here, never in tests. One run of each mode; on a shared machine repeat it.
 """
@@ -47,15 +50,15 @@ MODES = ("sync", "async")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--d-model", type=int, default=384)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--d-model", type=int, default=384, help="model width (default 384)")
+    p.add_argument("--layers", type=int, default=6, help="transformer blocks (default 6)")
+    p.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per step (default 1)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
     p.add_argument(
         "--precision", choices=["fp32", "bf16"], default="fp32", help="default fp32 (masters)"
     )
-    p.add_argument("--zero-stage", type=int, default=1)
+    p.add_argument("--zero-stage", type=int, default=1, help="train.zero_stage (default 1)")
     p.add_argument(
         "--optim-impl",
         choices=["auto", "fused", "foreach", "deepspeed"],
