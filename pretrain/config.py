@@ -356,6 +356,10 @@ class CheckpointConfig:
     # may differ in positions only (max_seq_len, RoPE fraction, theta, scaling), dropout and
     # init. A checkpoint of this run, when there is one, is resumed instead.
     init_from: str | None = None
+    # `async` in YAML and --set (a Python keyword, hence the field's name): copy the state to
+    # host memory at the save step and write it in the background while training goes on
+    # (pretrain/train/async_save.py; docs/training.md "Asynchronous checkpoints").
+    async_: bool = field(default=False, metadata={"key": "async"})
 
 
 @dataclass
@@ -462,6 +466,12 @@ class Config:
 T = TypeVar("T")
 
 
+def config_key(f: dataclasses.Field) -> str:
+    """A field's key in YAML and --set: its name, or metadata["key"] where the name cannot be
+    one (`checkpoint.async` is the field `async_`: `async` is a Python keyword)."""
+    return f.metadata.get("key", f.name)
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -553,7 +563,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {config_key(f): f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     where = f"{prefix}." if prefix else ""
     for k in unknown:
@@ -574,7 +584,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], key)
+        kwargs[fields[name].name] = _coerce(value, hints[fields[name].name], key)
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -586,7 +596,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
 def to_dict(obj: Any) -> Any:
     """Dataclass -> plain dict (YAML-safe: tuples become lists)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {config_key(f): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
@@ -709,6 +719,7 @@ def add_set_option(parser: argparse.ArgumentParser, example: str = "optim.lr=3e-
 __all__ = [
     "add_set_option",
     "CheckpointConfig",
+    "config_key",
     "Config",
     "ConfigError",
     "DataConfig",

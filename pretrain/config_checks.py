@@ -65,6 +65,7 @@ def check_run(cfg: Config, world_size: int, check_data: bool = True) -> None:
     _check_logging(cfg)
     _check_watchdog(cfg)
     _check_spikes(cfg, world_size)
+    _check_async_checkpoint(cfg)
     if check_data:
         _check_data_fields(cfg)
         if cfg.data.recipe is None:  # a recipe builds data.train[0] at start
@@ -166,6 +167,20 @@ def _check_logging(cfg: Config) -> None:
     ):
         if path:
             _check_folder_path(key, Path(path))
+
+
+def _check_async_checkpoint(cfg: Config) -> None:
+    """checkpoint.async captures what DeepSpeed's torch checkpoint engine would write; a
+    writer of its own (train.deepspeed's checkpoint.writer, datastates) writes other bytes."""
+    ds = cfg.train.deepspeed
+    other = (ds.get("checkpoint") or {}).get("writer") or (ds.get("datastates") or {}).get(
+        "enabled"
+    )
+    if cfg.checkpoint.async_ and other:
+        raise ConfigError(
+            "checkpoint.async=true needs DeepSpeed's default checkpoint engine; remove "
+            "train.deepspeed's checkpoint.writer (or datastates), or set checkpoint.async=false"
+        )
 
 
 def _check_spikes(cfg: Config, world_size: int) -> None:

@@ -9,7 +9,9 @@ Two kinds:
   reads them:
       PRETRAIN_TEST_KILL_AT=POINT:STEP        die at POINT while at STEP (POINT alone: any step)
       PRETRAIN_TEST_PAUSE_AT=POINT:STEP:SECS  sleep SECS at POINT while at STEP
-  Points: the phases of a checkpoint save (SAVE_POINTS), of a rollback (ROLLBACK_POINTS),
+      PRETRAIN_TEST_FAIL_AT=POINT:STEP        raise OSError(ENOSPC) there, as a full disk would
+  Points: the phases of a checkpoint save (SAVE_POINTS; with checkpoint.async they run in
+  the writer thread, and dying there kills the process), of a rollback (ROLLBACK_POINTS),
   the units a data preparation has written (PREPARE_POINTS; its STEP is the unit count), and
   a checkpoint's re-partitioning for another number of ranks (RESHARD_POINTS).
   This module sits at the base, beside the config, so that data/ and train/ both use it.
@@ -22,6 +24,7 @@ Two kinds:
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -32,7 +35,9 @@ from pretrain.run_layout import RunLayout, atomic_write
 
 KILL_ENV = "PRETRAIN_TEST_KILL_AT"
 PAUSE_ENV = "PRETRAIN_TEST_PAUSE_AT"
+FAIL_ENV = "PRETRAIN_TEST_FAIL_AT"
 SAVE_POINTS = (
+    "async_write",  # checkpoint.async: in the writer thread, DeepSpeed's files of this rank written
     "after_engine_save",
     "after_weights",
     "mid_marker",
@@ -60,9 +65,12 @@ def die() -> None:
 
 
 def fault_point(name: str, step: int) -> None:
-    """Die or pause here when a test asks for this point at this step; nothing otherwise."""
+    """Die, fail or pause here when a test asks for this point at this step; nothing
+    otherwise."""
     if kill_requested(name, step):
         die()
+    if os.environ.get(FAIL_ENV, "") in (name, f"{name}:{step}"):
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAIL_ENV}={name}:{step})")
     point, _, rest = os.environ.get(PAUSE_ENV, "").partition(":")
     at, _, seconds = rest.partition(":")
     if point == name and at == str(step):
@@ -148,6 +156,7 @@ class DataFaults:
 
 
 __all__ = [
+    "FAIL_ENV",
     "KILL_ENV",
     "PAUSE_ENV",
     "POINTS",

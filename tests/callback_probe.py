@@ -1,12 +1,17 @@
-"""A user's callback, as a config names it (`callbacks: [{class: callback_probe.HookRecorder}]`):
-it records every hook it sees, and keeps a step count in the checkpoints."""
+"""Users' callbacks, as a config names them (`callbacks: [{class: callback_probe.HookRecorder}]`):
+HookRecorder records every hook it sees and keeps a step count in the checkpoints; SyncTwin
+saves synchronously beside a run's own (asynchronous) saves, for comparison."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 
+from pretrain.config import CheckpointConfig
 from pretrain.train.callbacks import Callback
+from pretrain.train.checkpoint import Checkpointer
 
 
 class HookRecorder(Callback):
@@ -45,3 +50,31 @@ class HookRecorder(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.steps_seen = state["steps_seen"]
+
+
+class SyncTwin(Callback):
+    """At every checkpoint step, before the run's own save, a synchronous save of the same
+    state into `twin_dir` (a second Checkpointer with checkpoint.async off), and the wall
+    time each step ended (rank 0, `times`): what an asynchronous save is compared with."""
+
+    def __init__(self, twin_dir: str, times: str) -> None:
+        self.twin_dir, self.times = Path(twin_dir), Path(times)
+
+    def on_train_start(self, trainer) -> None:
+        env = trainer.run.env
+        self.twin = Checkpointer(
+            self.twin_dir, CheckpointConfig(keep_last=100), env.rank, env.world_size
+        )
+
+    def on_step_end(self, trainer, out) -> None:
+        if trainer.is_main:
+            with open(self.times, "a") as f:
+                f.write(json.dumps([out.step, time.time()]) + "\n")
+        t = trainer.cfg
+        if out.step % t.checkpoint.interval == 0 or out.step == t.train.train_iters:
+            run = trainer.run
+            trainer.run = dataclasses.replace(run, checkpointer=self.twin)
+            try:
+                trainer.save()
+            finally:
+                trainer.run = run

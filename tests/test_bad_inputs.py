@@ -199,6 +199,23 @@ CASES = [
         run_cfg(train={"micro_batch_size": 0}),
     ),
     Case("main-lr-negative", "main", CFG, "optim.lr", run_cfg(optim={"lr": -1.0})),
+    Case(
+        "main-set-async-not-bool",
+        "main",
+        CFG + ["--set", "checkpoint.async=maybe"],
+        "checkpoint.async='maybe' must be true or false",
+        run_cfg(),
+    ),
+    Case(
+        "main-async-other-writer",
+        "main",
+        CFG,
+        "checkpoint.async=true needs DeepSpeed's default checkpoint engine",
+        run_cfg(
+            checkpoint={"async": True},
+            train={"deepspeed": {"checkpoint": {"writer": {"type": "fast"}}}},
+        ),
+    ),
     Case("main-heads-indivisible", "main", CFG, "model.", run_cfg(model={"n_heads": 5})),
     Case("main-rope-fraction", "main", CFG, "rope_fraction", run_cfg(model={"rope_fraction": 1.5})),
     Case(

@@ -5,6 +5,7 @@ evaluation the trainer (not a callback) runs and announces (train/trainer.py).""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 
 import pytest
@@ -37,6 +38,7 @@ def test_fault_points_do_nothing_unless_a_test_arms_them(monkeypatch, capsys):
     monkeypatch.setattr(faults.time, "sleep", slept.append)
     monkeypatch.delenv(faults.KILL_ENV, raising=False)
     monkeypatch.delenv(faults.PAUSE_ENV, raising=False)
+    monkeypatch.delenv(faults.FAIL_ENV, raising=False)
     for name in faults.POINTS:
         fault_point(name, 3)
     assert died == slept == []
@@ -59,6 +61,12 @@ def test_fault_points_do_nothing_unless_a_test_arms_them(monkeypatch, capsys):
     assert slept == []
     fault_point("before_commit", 6)
     assert slept == [2.5] and "pausing 2.5s at before_commit (step 6)" in capsys.readouterr().out
+
+    monkeypatch.setenv(faults.FAIL_ENV, "async_write:4")  # a full disk at that point
+    fault_point("async_write", 3)
+    with pytest.raises(OSError, match="No space left on device") as failed:
+        fault_point("async_write", 4)
+    assert failed.value.errno == errno.ENOSPC and died == [137, 137]
 
 
 def test_data_faults_corrupt_their_data_steps_only():

@@ -13,6 +13,7 @@ from train_support import metrics, run_main, stdlib_data, tiny_config, write_con
 
 from pretrain.config import Config, ConfigError, from_dict
 from pretrain.config_checks import check_run
+from pretrain.faults import PAUSE_ENV
 from pretrain.run_layout import step_tag
 from pretrain.train.callbacks import Callback, SpikeMonitor, build_callbacks
 from pretrain.train.schedule import lr_at
@@ -160,10 +161,14 @@ def _final_weights(run) -> dict[str, torch.Tensor]:
 def test_rollback_equals_a_run_without_the_window(tmp_path, data, isolated_env, capsys):
     """Spikes at steps 9-11 roll back to checkpoint 5 (checkpoint 10, past the first spike, is
     removed) and skip data steps 9-11: every step, and the final weights, equal a run that was
-    told to skip those data steps from the start."""
+    told to skip those data steps from the start. The rolled run saves asynchronously, the
+    write of checkpoint 10 held 2 s: the rollback waits for it, then removes it."""
     rolled, plain = tmp_path / "rolled", tmp_path / "plain"
     cfg = from_dict(Config, _rollback_config(rolled, data, ROLLBACK))
+    cfg.checkpoint.async_ = True
+    os.environ[PAUSE_ENV] = "async_write:10:2"  # os.environ is isolated_env's dict
     assert Trainer(cfg).fit() == 0
+    del os.environ[PAUSE_ENV]
     out = capsys.readouterr().out
     ref = from_dict(Config, _rollback_config(plain, data, {"skip_data": [WINDOW]}))
     assert Trainer(ref).fit() == 0

@@ -1,4 +1,4 @@
-"""Benchmarks: `python tools/benchmark.py AREA [options]`; AREA is model, peers, data, train, optim, reads or eval.
+"""Benchmarks: `python tools/benchmark.py AREA [options]`; AREA is model, peers, data, train, optim, reads, eval or checkpoint.
 
 Each area lives in pretrain/benchmarks/AREA.py with `add_arguments(parser)` and `run(args)`.
 Speed is measured here, never in tests: ratios on CPU, absolute figures on a GPU.
@@ -17,6 +17,7 @@ AREAS = {
     "optim": "optimizer step time and share of a step per optim.impl (DeepSpeed's, torch foreach, fused)",
     "reads": "cold-cache samples/s and page-cache growth per sample per data.read_mode (large sparse data)",
     "eval": "lm-eval adapter requests/s (loglikelihood and rolling)",
+    "checkpoint": "training stall of a checkpoint save, synchronous vs checkpoint.async",
 }
 
 

@@ -37,29 +37,41 @@ log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
 
 
-def save_weights(
-    model: Transformer,
-    directory: str | Path,
-    config: dict[str, Any] | None = None,
-    dtype: torch.dtype | None = torch.float32,
-) -> Path:
-    """Write the weights and the run config into `directory` (created)."""
-    from safetensors.torch import save
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+def weights_state(
+    model: Transformer, dtype: torch.dtype | None = torch.float32
+) -> dict[str, torch.Tensor]:
+    """The tensors `save_weights` writes, on the model's device: its state dict in `dtype`
+    (None: as trained), contiguous, without the tied output matrix."""
     state = {}
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and model.cfg.tie_embeddings:
             continue  # tied to wte.weight; safetensors refuses shared storage
         t = t.detach()
         state[name] = (
-            (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous().cpu()
-        )
+            t.to(dtype) if dtype is not None and t.is_floating_point() else t
+        ).contiguous()
+    return state
+
+
+def save_weights(
+    model: Transformer,
+    directory: str | Path,
+    config: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = torch.float32,
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write the weights and the run config into `directory` (created). `state`: the tensors
+    to write instead of the model's (a host copy that a background checkpoint took earlier,
+    as `weights_state` gave them)."""
+    from safetensors.torch import save
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = weights_state(model, dtype) if state is None else state
     full = dict(config or {})
     full["model"] = to_dict(model.cfg)
     atomic_write(directory / CONFIG_FILE, yaml.safe_dump(full, sort_keys=False))
-    atomic_write(directory / WEIGHTS_FILE, save(state))
+    atomic_write(directory / WEIGHTS_FILE, save({k: t.cpu() for k, t in state.items()}))
     return directory
 
 

@@ -46,6 +46,7 @@ from pretrain.integrity import (
     is_unverified,
     verify_checkpoint,
 )
+from pretrain.model.weights import weights_state
 from pretrain.run_layout import (
     DELETING_SUFFIX,
     LATEST_FILE,
@@ -60,6 +61,13 @@ from pretrain.run_layout import (
     step_tag,
     tag_step,
 )
+from pretrain.train.async_save import (
+    BackgroundSaves,
+    HostCopy,
+    capture_engine_saves,
+    say,
+    write_captured,
+)
 from pretrain.train.distributed import barrier
 from pretrain.train.reshard import (
     ReshardError,
@@ -69,6 +77,14 @@ from pretrain.train.reshard import (
     saved_ranks,
     universal_loading,
 )
+
+
+def _fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def is_complete(folder: Path) -> bool:
@@ -208,7 +224,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Checkpointer:
-    """Save/load through a DeepSpeed engine; rank 0 owns the folder operations."""
+    """Save/load through a DeepSpeed engine; rank 0 owns the folder operations.
+
+    With checkpoint.async (`background`), `save` takes a host copy and returns while a thread
+    writes it (pretrain/train/async_save.py); `wait()` blocks until it is on disk. Every
+    save, load and rollback waits for the save in flight first; so do the end of a run
+    and a pre-emption (callbacks/checkpointing.py).
+    """
 
     def __init__(self, ckpt_dir: Path, cfg: CheckpointConfig, rank: int, world_size: int):
         self.dir = Path(ckpt_dir)
@@ -219,22 +241,30 @@ class Checkpointer:
         if rank == 0:
             self.dir.mkdir(parents=True, exist_ok=True)
             clean_leftovers(self.dir)
+        # checkpoint.async: the writer thread and its process group (made by every rank)
+        self.background = BackgroundSaves() if cfg.async_ else None
         barrier()
 
     def save(self, engine, step: int, state: dict[str, Any], write_weights) -> Path:
-        """Write checkpoint `step`; `write_weights(folder)` adds the weights-folder files (rank 0).
+        """Write checkpoint `step`; `write_weights(folder, weights=None)` adds the weights
+        folder's files (rank 0; `weights`: a host copy of `weights_state(engine.module)`).
 
-        Every rank must call it. Returns the final folder.
+        Every rank must call it. Returns the final folder (complete on return, or, in the
+        background, once `wait()` returns).
         """
+        self.wait()
         tag = step_tag(step)
         final = self.dir / tag
         tmp = self.dir / (tag + TMP_SUFFIX)
         if self.rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
         barrier()
+        if self.background is not None:
+            self._save_in_background(engine, step, state, write_weights, tmp, final)
+            return final
         engine.save_checkpoint(str(self.dir), tag=tmp.name, client_state={}, save_latest=False)
         (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
-        torch.save(rng_state(), tmp / RNG_DIR / f"rank_{self.rank:05d}.pt")
+        torch.save(rng_state(), self._rng_file(tmp))
         fault_point("after_engine_save", step)
         barrier()
         if self.rank == 0:
@@ -247,32 +277,113 @@ class Checkpointer:
             [(rel, file_record(tmp / rel)) for rel in _share(files, self.rank, self.world_size)]
         )
         if self.rank == 0:
-            state = {
-                **state,
-                "step": step,
-                "world_size": self.world_size,
-                "saved_at": time.time(),
-                "files": dict(sorted(records)),
-            }
-            text = json.dumps(state, indent=1)
-            if kill_requested("mid_marker", step):  # half the marker on disk, then the kill
-                (tmp / STATE_FILE).write_text(text[: len(text) // 2])
-                die()
-            (tmp / STATE_FILE).write_text(text)
-            fsync_tree(tmp)
-            fault_point("before_commit", step)
-            if final.exists():  # the same step saved again (e.g. after a resume): replace it
-                old = self.dir / (tag + DELETING_SUFFIX)
-                os.rename(final, old)
-                shutil.rmtree(old)
-            os.rename(tmp, final)
-            fsync_dir(self.dir)
-            fault_point("before_latest", step)
-            atomic_write(self.dir / LATEST_FILE, tag)
-            fault_point("before_retention", step)
-            self._retain()
+            self._commit(step, state, dict(records), tmp, final)
+            say(f"saved checkpoint {final}")
         barrier()
         return final
+
+    def _save_in_background(self, engine, step, state, write_weights, tmp, final) -> None:
+        """The save step's part (a host copy of everything), then the writer thread's."""
+        t0 = time.perf_counter()
+        host_copy = HostCopy(self.background.buffers)
+        with capture_engine_saves(engine, host_copy) as captured:
+            engine.save_checkpoint(str(self.dir), tag=tmp.name, client_state={}, save_latest=False)
+        weights = host_copy(weights_state(engine.module, dtype=None)) if self.rank == 0 else None
+        rng = rng_state()
+        state = host_copy(state)  # callbacks' lists and dicts go on changing
+        host_copy.seal()
+        if self.rank == 0:
+            say(
+                f"writing checkpoint {final} in the background (copied in "
+                f"{time.perf_counter() - t0:.2f} s)"
+            )
+
+        def write() -> str | None:
+            error, records = None, []
+            try:
+                host_copy.wait()
+                written = write_captured(captured)
+                fault_point("async_write", step)
+                (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
+                torch.save(rng, self._rng_file(tmp))
+                written.append(str(self._rng_file(tmp)))
+                fault_point("after_engine_save", step)
+                if self.rank == 0:
+                    write_weights(tmp, weights)
+                    fault_point("after_weights", step)
+                for path in written:  # this rank's files: durable, then checksummed
+                    _fsync_file(path)
+                    records.append((Path(path).relative_to(tmp).as_posix(), file_record(path)))
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+            return self._commit_when_all_written(step, state, tmp, final, error, records, t0)
+
+        self.background.start(step, write)
+
+    def _commit_when_all_written(self, step, state, tmp, final, error, records, t0) -> str | None:
+        """(Writer thread, every rank.) When every rank's files are on disk, rank 0 commits.
+        Returns the error of the save (the same on every rank), None when it is complete."""
+        outcomes = self.background.gather((error, records))
+        where = (lambda k: f" (rank {k})") if self.world_size > 1 else (lambda k: "")
+        failed = [f"{err}{where(k)}" for k, (err, _) in enumerate(outcomes) if err]
+        if failed:
+            return failed[0]
+        error = None
+        if self.rank == 0:
+            try:
+                recorded = dict(rec for _, part in outcomes for rec in part)
+                for rel in checkpoint_files(tmp):  # the weights folder's files
+                    if rel not in recorded:
+                        recorded[rel] = file_record(tmp / rel)
+                self._commit(step, state, recorded, tmp, final)
+                say(
+                    f"saved checkpoint {final} (in the background: "
+                    f"{time.perf_counter() - t0:.1f} s)"
+                )
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+        error = self.background.gather(error)[0]
+        return f"{error}{where(0)}" if error else None
+
+    def _commit(self, step: int, state, records: dict, tmp: Path, final: Path) -> None:
+        """(Rank 0, every file of every rank on disk.) The marker with the files' `records`,
+        fsync, the rename to `final`, `latest`, retention."""
+        state = {
+            **state,
+            "step": step,
+            "world_size": self.world_size,
+            "saved_at": time.time(),
+            "files": dict(sorted(records.items())),
+        }
+        text = json.dumps(state, indent=1)
+        if kill_requested("mid_marker", step):  # half the marker on disk, then the kill
+            (tmp / STATE_FILE).write_text(text[: len(text) // 2])
+            die()
+        (tmp / STATE_FILE).write_text(text)
+        fsync_tree(tmp)
+        fault_point("before_commit", step)
+        tag = final.name
+        if final.exists():  # the same step saved again (e.g. after a resume): replace it
+            old = self.dir / (tag + DELETING_SUFFIX)
+            os.rename(final, old)
+            shutil.rmtree(old)
+        os.rename(tmp, final)
+        fsync_dir(self.dir)
+        fault_point("before_latest", step)
+        atomic_write(self.dir / LATEST_FILE, tag)
+        fault_point("before_retention", step)
+        self._retain()
+
+    def wait(self) -> None:
+        """Block until the save in flight (checkpoint.async) is on disk; CheckpointSaveError
+        when it failed (every rank raises it). Nothing to do without one."""
+        done = self.background.wait() if self.background is not None else None
+        if done is not None:
+            step, error = done
+            raise save_failed(error, self.dir, step)
+
+    def _rng_file(self, folder: Path) -> Path:
+        return folder / RNG_DIR / f"rank_{self.rank:05d}.pt"
 
     def _retain(self) -> None:
         tags = complete_tags(self.dir)
@@ -293,6 +404,7 @@ class Checkpointer:
         A checkpoint written by another number of ranks is re-partitioned first when its
         optimizer state is partitioned (pretrain/train/reshard.py; rank 0 converts it once),
         and the random states are re-seeded from (`seed`, step, rank), with one warning."""
+        self.wait()
         folder = self.dir / tag
         state = read_state(folder)
         resharded = needs_universal(folder, self.world_size)
@@ -306,7 +418,7 @@ class Checkpointer:
             )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {folder}")
-        rng_file = folder / RNG_DIR / f"rank_{self.rank:05d}.pt"
+        rng_file = self._rng_file(folder)
         if rng_file.is_file() and state.get("world_size") == self.world_size:
             set_rng_state(torch.load(rng_file, weights_only=False))
         else:
@@ -355,12 +467,16 @@ def reseed(seed: int, step: int, rank: int) -> None:
     torch.manual_seed(value)
 
 
-def save_failed(e: Exception, ckpt_dir: Path, step: int) -> CheckpointSaveError:
-    """The error of a save that failed (disk full, quota, I/O): what failed, that the previous
-    checkpoint is intact, and how to resume."""
+def save_failed(e: Exception | str, ckpt_dir: Path, step: int) -> CheckpointSaveError:
+    """The error of a save that failed (disk full, quota, I/O): what failed (an exception, or
+    its text from a background save), that the previous checkpoint is intact, and how to
+    resume. A CheckpointSaveError (a background save's, raised at a wait) is returned as is."""
+    if isinstance(e, CheckpointSaveError):
+        return e
     previous = find_resume_tag(ckpt_dir, "none")
+    what = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
     return CheckpointSaveError(
-        f"saving checkpoint {step_tag(step)} failed ({type(e).__name__}: {e}); "
+        f"saving checkpoint {step_tag(step)} failed ({what}); "
         + (f"the previous checkpoint {previous} is intact: " if previous else "")
         + "free space (or fix the file system) and run the same command to resume"
     )

@@ -196,6 +196,7 @@ class Trainer:
         """Back to the newest checkpoint before `first_step` (the first flagged step of a run
         of spikes), skipping its data (pretrain/train/recovery.py plan_rollback). Every rank
         calls it, with the same arguments."""
+        self.run.checkpointer.wait()  # a save in flight (checkpoint.async) lands first
         self.run.module.forget_flags()
         at, first = (self.step, self.consumed), (first_step, first_data_step)
         planned = plan_rollback(
@@ -328,7 +329,6 @@ class Trainer:
             )
         except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
             raise save_failed(e, self.layout.checkpoints, self.step) from None
-        self.log(f"saved checkpoint {folder}")
         self.fire("on_save", folder)
         return folder
 
@@ -344,8 +344,8 @@ class Trainer:
         if self.is_main:
             print(msg, flush=True)
 
-    def _write_weights(self, folder: Path) -> None:
-        save_weights(self.run.module.model, folder, self.resolved, dtype=None)
+    def _write_weights(self, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+        save_weights(self.run.module.model, folder, self.resolved, dtype=None, state=weights)
         if self.run.data.tokenizer is not None:
             self.run.data.tokenizer.save(folder / "tokenizer")
 

@@ -68,7 +68,9 @@ class Callback:
         on_train_start    model built, checkpoint restored; before the first step
         on_evaluation     after a step that evaluated, with its valid/* (before its on_step_end)
         on_step_end       after every optimizer step, with its StepOutput
-        on_save           after a checkpoint is complete, with its folder
+        on_save           after a checkpoint is complete, with its folder (with
+                          checkpoint.async: once its state is copied; the folder is
+                          complete when the writer thread is done)
         on_rollback       after a rollback restored an earlier checkpoint (spikes.rollback_after),
                           with its Rollback record; trainer.step is the checkpoint's step
         on_fit_end        always, last; exit_code is 0, 99 (pre-empted) or None (an error)

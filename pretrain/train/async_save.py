@@ -1,0 +1,305 @@
+"""Asynchronous checkpoints (`checkpoint.async: true`): a host copy now, the files later.
+
+A synchronous save stops training while every rank writes, fsyncs and checksums its files
+(pretrain/train/checkpoint.py). With `checkpoint.async` the save step only copies the state
+to host memory; a background thread writes it, and training goes on meanwhile:
+
+    main thread, at the save step              background thread
+    wait for the save in flight (at most one)
+    engine.save_checkpoint with a capturing    write DeepSpeed's files (torch.save), the RNG
+      checkpoint engine: DeepSpeed builds its    states and the weights folder; fsync them;
+      state dicts (and runs its collectives)     CRC-32 them; gather every rank's outcome
+      as always, but each save(state, path)      rank 0: the marker, the rename, `latest`,
+      keeps a HostCopy instead of writing        retention, exactly as a synchronous save;
+    the weights and RNG states, host-copied      gather rank 0's outcome
+    train on
+
+Why DeepSpeed's checkpoint engine: `engine.checkpoint_engine.save(state_dict, path)` is where
+DeepSpeed 0.19.8 hands over every file of a checkpoint (model states, each rank's ZeRO
+shard), after building them on the main thread with its own collectives. Replacing the
+engine for the duration of one `save_checkpoint` (`capture_engine_saves`) keeps every file
+name and every state dict DeepSpeed's, and the writing is the same `torch.save` call.
+
+Byte-identical files: torch.save writes each storage a tensor views once, whole, and the
+views as (storage, offset, size, stride). HostCopy copies each distinct storage once and
+rebuilds every tensor as the same view into its copy (also dtype, requires_grad, Parameter,
+Python attributes), keeps shared objects shared (pickle writes a second reference as a
+memo entry) and deep-copies the few other objects (e.g. a loss scaler) that training
+mutates. On a GPU the copies are non-blocking into pinned buffers on the current stream
+(training's later kernels run after them) and the writer waits on a CUDA event; torch.save
+tags a storage by its device ("cuda:0"), so a tagger registered with torch.serialization
+gives each host copy its original device's tag. The buffers are kept for the next save:
+the memory cost is one host copy of the state (weights + optimizer shard of each rank).
+
+Why a dedicated gloo group for the background collectives: the main thread keeps training
+with collectives on the default group, and two threads issuing collectives on one group
+can interleave them (gloo matches operations by order), a hang or silent corruption. A
+second process group, created by every rank at set-up (`new_group(backend="gloo")`), has
+its own connections and order; the file system or the store would do too, but need
+polling and a protocol of their own, while a failed peer shows up as a gloo error.
+Every rank reports its outcome (error text or file records) in one all_gather, which is
+also the barrier "every rank's files are on disk"; rank 0 commits only then, and a second
+all_gather gives every rank rank 0's outcome, so all ranks raise the same error at their
+next wait (CheckpointSaveError, through checkpoint.save_failed), the previous checkpoint
+untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+# Host copy storage (its _cdata) -> the device tag ("cuda:0") torch.save gives the original.
+_LOCATIONS: dict[int, str] = {}
+
+
+def _original_location(storage: Any) -> str | None:
+    return _LOCATIONS.get(getattr(storage, "_cdata", None))
+
+
+def _restore_nothing(storage: Any, location: str) -> None:
+    return None  # loading is torch's business: this package only tags at save time
+
+
+# Priority 0: asked before torch's own taggers (cpu is 10); None for every other storage.
+torch.serialization.register_package(0, _original_location, _restore_nothing)
+
+_ATOMS = (str, bytes, int, float, complex, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class HostBuffers:
+    """Host storages kept from one save to the next (pinned on a GPU): allocating and
+    pinning gigabytes at every save would cost more than copying into them."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, bool], list[torch.UntypedStorage]] = {}
+        self._used: list[torch.UntypedStorage] = []
+
+    def take(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        free = self._free.get((nbytes, pinned))
+        buf = free.pop() if free else None
+        if buf is None:
+            buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+        self._used.append(buf)
+        return buf
+
+    def release(self) -> None:
+        """The save that used the buffers is on disk: they serve the next one (buffers the
+        last save did not need are dropped, so at most one save's worth is held)."""
+        self._free = {}
+        for buf in self._used:
+            self._free.setdefault((buf.nbytes(), buf.is_pinned()), []).append(buf)
+            _LOCATIONS.pop(buf._cdata, None)
+        self._used = []
+
+
+class HostCopy:
+    """Copies state dicts to host memory so that torch.save writes the same bytes from the
+    copy as from the original (see the module docstring). One per save: `__call__` for
+    each object, `seal()` after the last, `wait()` (writer thread) before reading them."""
+
+    def __init__(self, buffers: HostBuffers) -> None:
+        self.buffers = buffers
+        self._memo: dict[int, Any] = {}  # id(original) -> copy; also copy.deepcopy's memo
+        self._storages: dict[int, torch.UntypedStorage] = {}  # original _cdata -> host copy
+        self._originals: list[Any] = []  # alive until the copies are done (ids stay unique)
+        self._event: Any = None  # CUDA event after the last copy
+        self._on_gpu = False  # some copies are non-blocking copies from a GPU
+
+    def __call__(self, obj: Any) -> Any:
+        if isinstance(obj, _ATOMS):
+            return obj
+        key = id(obj)
+        if key in self._memo:
+            return self._memo[key]
+        if isinstance(obj, torch.Tensor):
+            new = self._tensor(obj)
+        elif isinstance(obj, dict):
+            new = copy.copy(obj)  # same class (OrderedDict, defaultdict), same key order
+            for k, v in obj.items():
+                new[k] = self(v)
+        elif type(obj) is list:
+            new = [self(v) for v in obj]
+        elif type(obj) is tuple:
+            new = tuple(self(v) for v in obj)
+        elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+            new = type(obj)._make(self(v) for v in obj)
+        else:  # anything else training may mutate (a loss scaler, a dataclass): a deep copy
+            new = copy.deepcopy(obj, self._memo)
+        self._memo[key] = new
+        self._originals.append(obj)
+        return new
+
+    def _tensor(self, t: torch.Tensor) -> torch.Tensor:
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+            raise TypeError(f"cannot copy a {type(t).__name__} ({t.layout}) for a checkpoint")
+        if t.is_conj() or t.is_neg() or t.is_quantized:
+            raise TypeError("cannot copy a conjugate, negative-bit or quantized tensor")
+        src = t.untyped_storage()
+        host = self._storages.get(src._cdata)
+        if host is None:
+            on_gpu = src.device.type == "cuda"
+            self._on_gpu |= on_gpu
+            host = self.buffers.take(src.nbytes(), pinned=on_gpu)
+            host.copy_(src, non_blocking=on_gpu)
+            if src.device.type != "cpu":
+                _LOCATIONS[host._cdata] = torch.serialization.location_tag(src)
+            self._storages[src._cdata] = host
+            self._originals.append(src)
+        new = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
+        if type(t) is torch.nn.Parameter:
+            new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+        elif t.requires_grad:
+            new.requires_grad_(True)
+        if t.__dict__:
+            new.__dict__.update(self(dict(t.__dict__)))
+        return new
+
+    def seal(self) -> None:
+        """Every object is copied (main thread): the GPU copies are queued before training's
+        next kernels; record where they end."""
+        self._memo.clear()
+        if self._on_gpu:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def wait(self) -> None:
+        """The copies are complete (writer thread, before reading them)."""
+        if self._event is not None:
+            self._event.synchronize()
+        self._originals.clear()
+
+
+class _Capturing:
+    """DeepSpeed's checkpoint engine for one save: folders are made, files are only kept.
+    Everything but create/save/commit is the real engine's (a stand-in, not a subclass, so
+    that importing this module imports no DeepSpeed: tools/check_checkpoint.py reads
+    checkpoint.py without it)."""
+
+    def __init__(self, real: Any, host_copy: HostCopy) -> None:
+        self.real, self.host_copy = real, host_copy
+        self.files: list[tuple[str, Any]] = []  # (path, host copy of its state dict)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def create(self, info: Any) -> None:
+        pass  # the real engine's only logs
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self.files.append((path, self.host_copy(state_dict)))
+
+    def commit(self, info: Any) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def capture_engine_saves(engine, host_copy: HostCopy) -> Iterator[_Capturing]:
+    """Within the block, `engine.save_checkpoint` writes no file: `.files` of the object
+    yielded holds (path, host copy) of each, for `write_captured` to write later."""
+    real = engine.checkpoint_engine
+    if real.name != "TorchCheckpointEngine":  # another writer: its bytes are its own
+        raise ValueError(
+            f"checkpoint.async needs DeepSpeed's torch checkpoint engine, not {real.name}; "
+            f"remove the checkpoint writer from train.deepspeed, or set checkpoint.async=false"
+        )
+    engine.checkpoint_engine = capturing = _Capturing(real, host_copy)
+    try:
+        yield capturing
+    finally:
+        engine.checkpoint_engine = real
+
+
+def write_captured(capturing: _Capturing) -> list[str]:
+    """Write the captured files as the real engine would (its torch.save arguments)."""
+    for path, state in capturing.files:
+        torch.save(state, path, _use_new_zipfile_serialization=capturing.real.zipfile_serialization)
+    return [path for path, _ in capturing.files]
+
+
+WRITER_NICENESS = 10
+
+
+def _yield_to_training() -> None:
+    """Lower this (writer) thread's CPU priority: where training keeps every core busy (CPU
+    runs: its OpenMP threads wait for the slowest of them), a writer at the same priority
+    slows every step it runs beside; a slower write only costs host memory for longer.
+    Linux sets the priority of one thread by its id; elsewhere this does nothing."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+
+
+def say(line: str) -> None:
+    """One line to stdout from any thread (one write, so lines never interleave)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class BackgroundSaves:
+    """At most one save in flight: `start(step, work)` runs `work()` in a thread (it returns
+    an error text, or None for success), `wait()` joins it and returns (step, error text)
+    when it failed. `gather(obj)` is an all_gather
+    on the dedicated group, for `work` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        dist = torch.distributed
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        # Every rank creates it, at the same point of set-up (new_group is collective).
+        self.group = dist.new_group(backend="gloo") if self.world > 1 else None
+        self.buffers = HostBuffers()
+        self._thread: threading.Thread | None = None
+        self._step = 0
+        self._error: str | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None
+
+    def start(self, step: int, work: Callable[[], str | None]) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a checkpoint save is already in flight; wait() for it first")
+
+        def run() -> None:
+            try:
+                _yield_to_training()
+                self._error = work()
+            except Exception as e:  # a bug of the writer: still reported at the wait
+                self._error = f"{type(e).__name__}: {e}"
+            finally:
+                self.buffers.release()
+
+        self._step, self._error = step, None
+        self._thread = threading.Thread(target=run, name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> tuple[int, str] | None:
+        """Block until the save in flight is done; (step, error) when it failed, else None."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        return (self._step, self._error) if self._error else None
+
+    def gather(self, obj: Any) -> list[Any]:
+        if self.group is None:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+__all__ = [
+    "BackgroundSaves",
+    "HostBuffers",
+    "HostCopy",
+    "capture_engine_saves",
+    "say",
+    "write_captured",
+]
