@@ -178,8 +178,8 @@ def test_qk_norm_with_gqa_normalizes_each_head_over_head_dim(norm):
     attn.k_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("k", (i[0], o)))
     model(torch.randint(0, 97, (2, 12)))
     for name, heads in (("q", 8), ("k", 2)):
-        inp, out = seen[name]
-        assert inp.shape[1] == heads and inp.shape[-1] == cfg.head_dim
+        inp, out = seen[name]  # (B, T, heads, head_dim): normed before the transpose
+        assert inp.shape[2] == heads and inp.shape[-1] == cfg.head_dim
         x = inp.double()
         if norm == "layernorm":
             x = x - x.mean(-1, keepdim=True)
@@ -188,9 +188,9 @@ def test_qk_norm_with_gqa_normalizes_each_head_over_head_dim(norm):
             ref = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
         # Normalizing over heads and head_dim together (GPT-NeoX's default) gives another result.
-        joint = inp.double().transpose(1, 2).flatten(2)
+        joint = inp.double().flatten(2)
         joint = joint / torch.sqrt(joint.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
-        assert (joint.view_as(inp.transpose(1, 2)).transpose(1, 2) - ref).abs().max() > 1e-3
+        assert (joint.view_as(inp) - ref).abs().max() > 1e-3
 
 
 def test_qk_norm_changes_the_output():
