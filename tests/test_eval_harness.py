@@ -198,7 +198,11 @@ def test_generate_until_is_greedy_decoding(tiny_run, lm):
     reqs = _instances(
         "generate_until", [(p, {"until": ["\n\n"], "max_gen_toks": 12}) for p in prompts]
     )
+    rows = []  # positions per sequence the output layer sees: one, at the prefill too
+    hook = lm.model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[1:-1]))
     got = lm.generate_until(reqs, disable_tqdm=True)
+    hook.remove()
+    assert rows and all(r.numel() <= 1 for r in rows)
     for prompt, text in zip(prompts, got, strict=True):
         ids = torch.tensor([lm.tok.encode(prompt)])
         out = model.generate(ids, max_new_tokens=12, temperature=0, eos_id=lm.tok.eod_id)[

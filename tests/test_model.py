@@ -230,11 +230,18 @@ def test_kv_cache_decoding_equals_full_forward(block, fraction):
 
 
 def test_greedy_generate_equals_repeated_full_forward():
+    """Greedy decoding with the KV cache gives the tokens of repeated full forwards, and the
+    output layer never sees more than one position per sequence (at the prefill, the
+    prompt's last one: (B, d) rows, not (B, T, d))."""
     torch.manual_seed(0)
     cfg = tiny(rope_fraction=0.25, n_kv_heads=2)
     model = Transformer(cfg).eval()
     prompt = torch.randint(0, 97, (2, 5))
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[:-1]))
     out = model.generate(prompt, max_new_tokens=8, temperature=0)
+    hook.remove()
+    assert rows[0] == (2,) and all(r.numel() == 2 for r in rows) and len(rows) == 8
     ref = prompt
     for _ in range(8):
         logits = model(ref)[:, -1, : cfg.vocab_size]
