@@ -198,7 +198,11 @@ def test_generate_until_is_greedy_decoding(tiny_run, lm):
     reqs = _instances(
         "generate_until", [(p, {"until": ["\n\n"], "max_gen_toks": 12}) for p in prompts]
     )
+    rows = []  # positions per sequence the output layer sees: one, at the prefill too
+    hook = lm.model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[1:-1]))
     got = lm.generate_until(reqs, disable_tqdm=True)
+    hook.remove()
+    assert rows and all(r.numel() <= 1 for r in rows)
     for prompt, text in zip(prompts, got, strict=True):
         ids = torch.tensor([lm.tok.encode(prompt)])
         out = model.generate(ids, max_new_tokens=12, temperature=0, eos_id=lm.tok.eod_id)[
@@ -590,3 +594,97 @@ def test_a_document_masked_run_is_scored_as_it_trained(tiny_run):
     ref = first[ids[0]].item() + sum(rest[j - 1, ids[j]].item() for j in range(1, len(ids)))
     assert got == pytest.approx(ref, abs=1e-4)
     assert abs(got - unmasked) > 1e-3  # the switches change what the model sees
+
+
+# ----------------------------------------------------------------------------- stop strings
+
+
+def _stop_tokenizer(kind: str):
+    from pretrain.data.tokenizer import ByteTokenizer, CharTokenizer, load_tokenizer
+
+    if kind == "gpt-neox":
+        return load_tokenizer(shared_path("tokenizers", "gpt-neox-20b_tokenizer.json"))
+    if kind == "llama2":
+        return load_tokenizer(shared_path("tokenizers", "llama2_tokenizer.model"))
+    if kind == "bytes":
+        return ByteTokenizer()
+    return CharTokenizer.from_text(shared_path("tinyshakespeare.txt").read_text())
+
+
+def _stop_text(kind: str) -> str:
+    if kind == "chars":
+        return shared_path("tinyshakespeare.txt").read_text()[:60_000]
+    rows = shared_path("webtext", "fineweb_edu_10BT_150docs.jsonl").read_text().splitlines()
+    # Web text with curly quotes, dashes and accents: characters of 2-3 UTF-8 bytes, which
+    # byte-level tokens split.
+    return "\n\n".join(json.loads(r)["text"] for r in rows[:40])
+
+
+@pytest.mark.parametrize("kind", ["gpt-neox", "llama2", "bytes", "chars"])
+def test_stop_strings_stop_where_decoding_everything_stops(kind):
+    """generate_until's stop check (a decoded tail per token, pretrain/eval/stops.py) against
+    the rule it replaces, `any(s in decode(new) for s in until)` after every token: on
+    continuations cut from real text, and from random token ids (bytes cut inside characters,
+    control and byte-fallback pieces), with stop strings taken from the continuation itself
+    (1-12 characters, anywhere, across token boundaries; non-ASCII ones included), both
+    stop at the same token, or neither does."""
+    import random
+
+    from pretrain.eval.stops import StopStrings
+
+    tok = _stop_tokenizer(kind)
+    ids = tok.encode(_stop_text(kind))
+    rng = random.Random(0)
+    streams = [ids[s : s + 160] for s in rng.sample(range(len(ids) - 160), 30)]
+    vocab = tok.vocab_size - (0 if tok.eod_id is None else 1)  # eod ends a continuation
+    streams += [[rng.randrange(vocab) for _ in range(120)] for _ in range(10)]
+    # Text of multi-byte characters only: a tail of a few byte tokens holds few characters,
+    # so the check must widen it to see a 12-character stop string.
+    wide = "".join(c for c in _stop_text("bytes") if len(c.encode()) > 1)
+    if kind != "chars":
+        streams += [tok.encode(wide[i : i + 60]) for i in range(0, 600, 60)]
+    checked = hits = 0
+    for k, stream in enumerate(streams):
+        text = tok.decode(stream)
+        if k >= 40:  # the multi-byte streams: a stop string at the end
+            until = [text.rstrip("\ufffd")[-12:]]
+            stops = StopStrings(tok.decode, until)
+            for n in range(1, len(stream) + 1):
+                old = any(s in tok.decode(stream[:n]) for s in until)
+                assert stops.found(stream[:n]) == old, (kind, until, n)
+                checked += 1
+                if old:
+                    break
+            hits += old
+            continue
+        until = []
+        for _ in range(2):
+            i, n = rng.randrange(len(text)), rng.randint(1, 12)
+            until.append(text[i : i + n])
+        until += rng.sample(["\n\n", "Question:", "’", "—", "é", "\ufffd", ". "], 2)
+        stops, old = StopStrings(tok.decode, until), None
+        for n in range(1, len(stream) + 1):
+            new = stream[:n]
+            old, fast = any(s in tok.decode(new) for s in until), stops.found(new)
+            assert fast == old, (kind, until, n, tok.decode(new)[-40:])
+            checked += 1
+            if old:
+                hits += 1
+                break
+    assert hits >= 30 and checked > 1000, (hits, checked)
+
+
+def test_a_stop_string_seen_only_in_a_tail_is_confirmed_on_the_whole_output():
+    """A tokenizer whose decode of a tail differs from the end of the whole decode by more
+    than the check's margin (here a fake one: a tail starting on an odd id decodes with a
+    stray "<" first): the check confirms a hit in the tail on the whole continuation, so it
+    never stops earlier than the rule it replaces."""
+    from pretrain.eval.stops import StopStrings
+
+    def decode(ids):
+        return ("<" if ids and ids[0] % 2 else "") + "".join(chr(97 + i % 26) for i in ids)
+
+    until = ["<b"]  # in a tail that starts on id 1, never in the whole (it starts on id 2)
+    stops, stream = StopStrings(decode, until), [2, 4] * 40 + [1, 0, 0] * 30
+    for n in range(1, len(stream) + 1):
+        assert stops.found(stream[:n]) == any(s in decode(stream[:n]) for s in until)

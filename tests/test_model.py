@@ -178,8 +178,8 @@ def test_qk_norm_with_gqa_normalizes_each_head_over_head_dim(norm):
     attn.k_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("k", (i[0], o)))
     model(torch.randint(0, 97, (2, 12)))
     for name, heads in (("q", 8), ("k", 2)):
-        inp, out = seen[name]
-        assert inp.shape[1] == heads and inp.shape[-1] == cfg.head_dim
+        inp, out = seen[name]  # (B, T, heads, head_dim): normed before the transpose
+        assert inp.shape[2] == heads and inp.shape[-1] == cfg.head_dim
         x = inp.double()
         if norm == "layernorm":
             x = x - x.mean(-1, keepdim=True)
@@ -188,9 +188,9 @@ def test_qk_norm_with_gqa_normalizes_each_head_over_head_dim(norm):
             ref = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
         # Normalizing over heads and head_dim together (GPT-NeoX's default) gives another result.
-        joint = inp.double().transpose(1, 2).flatten(2)
+        joint = inp.double().flatten(2)
         joint = joint / torch.sqrt(joint.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
-        assert (joint.view_as(inp.transpose(1, 2)).transpose(1, 2) - ref).abs().max() > 1e-3
+        assert (joint.view_as(inp) - ref).abs().max() > 1e-3
 
 
 def test_qk_norm_changes_the_output():
@@ -230,11 +230,18 @@ def test_kv_cache_decoding_equals_full_forward(block, fraction):
 
 
 def test_greedy_generate_equals_repeated_full_forward():
+    """Greedy decoding with the KV cache gives the tokens of repeated full forwards, and the
+    output layer never sees more than one position per sequence (at the prefill, the
+    prompt's last one: (B, d) rows, not (B, T, d))."""
     torch.manual_seed(0)
     cfg = tiny(rope_fraction=0.25, n_kv_heads=2)
     model = Transformer(cfg).eval()
     prompt = torch.randint(0, 97, (2, 5))
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[:-1]))
     out = model.generate(prompt, max_new_tokens=8, temperature=0)
+    hook.remove()
+    assert rows[0] == (2,) and all(r.numel() == 2 for r in rows) and len(rows) == 8
     ref = prompt
     for _ in range(8):
         logits = model(ref)[:, -1, : cfg.vocab_size]

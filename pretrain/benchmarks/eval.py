@@ -13,6 +13,12 @@ process CPU time is reported too: with --threads 1 requests per CPU-second is th
 that other jobs on a shared machine do not move.
 `--compare-hf` runs the same requests through lm-eval's HFLM on the exported weights
 (GPT-NeoX or Llama shapes only), the number to beat.
+
+`--generate N` also times N generate_until requests (greedy, until "\n\n", --gen-tokens
+tokens at most) and two of their parts against what they replaced, paired in one run:
+the prefill's output layer on the prompt's last position against the full forward's
+logits of every position, and the stop-string check on a decoded tail
+(pretrain/eval/stops.py) against decoding the whole continuation at every token.
 """
 
 from __future__ import annotations
@@ -80,6 +86,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--compare-hf",
         action="store_true",
         help="also time lm-eval's HFLM on the same requests and weights (exported to HF)",
+    )
+    p.add_argument(
+        "--generate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time N generate_until requests and their prefill and stop check (default 0)",
+    )
+    p.add_argument(
+        "--gen-tokens", type=int, default=128, help="generate_until max_gen_toks (default 128)"
     )
     p.add_argument("--seed", type=int, default=0, help="request sampling seed")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
@@ -261,6 +277,93 @@ def run(args: argparse.Namespace) -> None:
             )
             figures[f"speedup_vs_hf/{kind}"] = ratio
             print(f"pretrain / hf {kind}: {ratio:.2f}x")
+    if args.generate:
+        figures["generate"] = _generation(args, lm, ll, sync)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
         print(f"wrote {args.json}")
+
+
+def _paired(a, b, rounds: int = 7) -> tuple[float, float, float]:
+    """(median s of a, median s of b, median per-round b / a), interleaved, CPU clock."""
+    import statistics
+
+    ta, tb = [], []
+    for r in range(rounds):
+        for fn, out in ((a, ta), (b, tb)) if r % 2 else ((b, tb), (a, ta)):
+            c0 = time.process_time()
+            fn()
+            out.append(time.process_time() - c0)
+    ratio = statistics.median(y / x for x, y in zip(ta, tb, strict=True))
+    return statistics.median(ta), statistics.median(tb), ratio
+
+
+def _generation(args, lm, ll, sync) -> dict:
+    """generate_until requests/s, and its prefill and stop check against what they replaced."""
+    from lm_eval.api.instance import Instance
+
+    from pretrain.eval.stops import StopStrings
+    from pretrain.model.attention import KVCache
+
+    gen = {"until": ["\n\n"], "max_gen_toks": args.gen_tokens}
+    reqs = [Instance("generate_until", {}, (r.args[0], gen), i) for i, r in enumerate(ll)]
+    reqs = reqs[::4][: args.generate]  # one per context
+    wall, cpu = _time(sync(lm.generate_until), reqs)
+    texts = sync(lm.generate_until)(reqs)
+    print(
+        f"pretrain generate_until {len(reqs) / wall:9.1f} req/s  (wall {wall:.2f} s, cpu "
+        f"{cpu:.2f} s; {args.gen_tokens} tokens at most, {sum(map(len, texts))} characters)"
+    )
+    out = {"requests_per_s": len(reqs) / wall, "wall_s": wall, "cpu_s": cpu}
+    # Prefill: the prompt's last position through the output layer, or every position.
+    model, budget = lm.model, lm.max_length - args.gen_tokens
+    prompt = torch.tensor([lm.tok_encode(reqs[0].args[0])[-budget:]], device=lm.device)
+    p = next(model.parameters())
+
+    def prefill(last_only: bool):
+        def run():
+            with torch.no_grad():
+                for _ in range(4):
+                    cache = KVCache(model.cfg, 1, prompt.shape[1] + 1, lm.device, p.dtype)
+                    if last_only:
+                        model.lm_head(model.hidden_states(prompt, kv_cache=cache)[:, -1])
+                    else:
+                        model(prompt, kv_cache=cache)[:, -1]
+
+        return run
+
+    new, old, ratio = _paired(prefill(True), prefill(False))
+    print(
+        f"prefill of a {prompt.shape[1]}-token prompt: last position {1e3 * new / 4:.1f} ms, "
+        f"every position (before) {1e3 * old / 4:.1f} ms: before / now {ratio:.2f}x"
+    )
+    out["prefill"] = {"tokens": prompt.shape[1], "now_s": new / 4, "before_s": old / 4}
+    out["prefill"]["before_over_now"] = ratio
+    # Stop check: every prefix of real continuations (the text's own tokens), as the
+    # generation loop calls it, until it stops or reaches --gen-tokens.
+    streams = [lm.tok_encode(r.args[0])[: args.gen_tokens] for r in reqs]
+    until = gen["until"]
+
+    def check(tail: bool):
+        def run():
+            for ids in streams:
+                stops = StopStrings(lm.tok.decode, until)
+                for n in range(1, len(ids) + 1):
+                    if tail:
+                        hit = stops.found(ids[:n])
+                    else:
+                        hit = any(s in lm.tok.decode(ids[:n]) for s in until)
+                    if hit:
+                        break
+
+        return run
+
+    new, old, ratio = _paired(check(True), check(False))
+    tokens = sum(map(len, streams))
+    print(
+        f"stop-string check over {tokens} tokens: tail {1e6 * new / tokens:.1f} us/token, whole "
+        f"output (before) {1e6 * old / tokens:.1f} us/token: before / now {ratio:.2f}x"
+    )
+    out["stop_check"] = {"tokens": tokens, "now_s": new, "before_s": old}
+    out["stop_check"]["before_over_now"] = ratio
+    return out

@@ -22,7 +22,9 @@ continuation; an empty context is conditioned on the end-of-document token). Wha
   asserts): `ContinuationTooLong` names the tasks, before anything runs.
 - loglikelihood_rolling: the harness's disjoint rolling windows of max_seq_len tokens.
 - generate_until: greedy (or sampled) decoding with our KV cache; prompts of equal length
-  run as one batch (the model has no padding mask, so unequal ones run apart).
+  run as one batch (the model has no padding mask, so unequal ones run apart). The prompt's
+  last position alone goes through the output layer at prefill, and stop strings are
+  checked on a decoded tail per token (pretrain/eval/stops.py), not on the whole output.
 
 bf16 on a GPU, fp32 on CPU, by default. Log-probabilities are taken in fp32 over the
 model's full (padded) vocabulary, as training's loss and the exported Hugging Face model do.
@@ -47,6 +49,7 @@ from pretrain.config import ConfigError, DataConfig, RopeScalingConfig, from_dic
 from pretrain.data.documents import DocumentSwitches
 from pretrain.errors import UserError
 from pretrain.eval.lengths import parse_rope_scaling
+from pretrain.eval.stops import StopStrings
 from pretrain.model.attention import KVCache
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import find_weights_dir, load_weights
@@ -500,6 +503,7 @@ class PretrainLM(TemplateLM):
         logits = self.model.lm_head(self.model.hidden_states(x, kv_cache=cache)[:, -1])
         new: list[list[int]] = [[] for _ in range(B)]
         done = [False] * B
+        stops = StopStrings(self.tok.decode, until)  # decodes a tail per token, not all
         for _ in range(max_new):
             logits = logits.float()
             logits[:, cfg.vocab_size :] = float("-inf")  # never the embedding's padding ids
@@ -514,7 +518,7 @@ class PretrainLM(TemplateLM):
                     done[i] = True
                     continue
                 new[i].append(t)
-                if until and any(s in self.tok.decode(new[i]) for s in until):
+                if stops.found(new[i]):
                     done[i] = True
             if all(done) or cache.pos >= cache.max_len:
                 break

@@ -77,12 +77,18 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.qkv(x).split([H * D, KV * D, KV * D], dim=-1)
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, KV, D).transpose(1, 2)
-        v = v.view(B, T, KV, D).transpose(1, 2)
+        q, k, v = q.view(B, T, H, D), k.view(B, T, KV, D), v.view(B, T, KV, D)
         if self.q_norm is not None:
+            # Before the transpose: each head's D values are contiguous and the rows are in
+            # memory order, so the norm reads and writes (B, T, H, D) in order (not a
+            # transposed view) and its backward's gradients come out contiguous.
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        # (B, H, T, D) views of the (B, T, H, D) memory, as SDPA takes them
+        return (
+            apply_rope(q.transpose(1, 2), cos, sin),
+            apply_rope(k.transpose(1, 2), cos, sin),
+            v.transpose(1, 2),
+        )
 
     def forward(
         self,

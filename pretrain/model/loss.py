@@ -66,8 +66,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         z_total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h) if need_grad_h else None
+        # Written by the first chunk (no zero fill: V x d fp32, 100 MB at 50k x 512), then
+        # accumulated into.
         grad_w = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_grad_w else None
+            torch.empty(weight.shape, dtype=torch.float32, device=h.device) if need_grad_w else None
         )
         scale = count.reciprocal()
         for start in range(0, n_rows, chunk):
@@ -97,7 +99,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 torch.mm(g, weight, out=grad_h[start:end])
             if grad_w is not None:
                 if g.dtype == torch.float32:
-                    grad_w.addmm_(g.t(), hc)
+                    if start == 0:
+                        torch.mm(g.t(), hc, out=grad_w)
+                    else:
+                        grad_w.addmm_(g.t(), hc)
+                elif start == 0:
+                    grad_w.copy_(torch.mm(g.t(), hc))
                 else:
                     grad_w.add_(torch.mm(g.t(), hc))
             del g, logits

@@ -113,6 +113,23 @@ class Verdict:
         return self.loss_spike is not None or self.grad_spike is not None
 
 
+@dataclass
+class Unjudged:
+    """A step the guard has not judged yet: its values as the step left them (the loss and
+    gradient norm may be device tensors), for `StepGuard.judge` once they are read."""
+
+    step: int
+    data_step: int
+    loss: Any  # the all-reduced mean loss
+    grad_norm: Any  # DeepSpeed's global norm (inf where it skipped the update), or None
+    skipped_by_deepspeed: bool
+
+
+def _host(value: Any) -> float | None:
+    """A float of a device scalar (a read that waits for the GPU), a float or None."""
+    return None if value is None else float(value)
+
+
 def _inner_optimizer(engine) -> torch.optim.Optimizer:
     """The torch optimizer that applies the update: under DeepSpeed's BF16_Optimizer and ZeRO
     wrappers it is `.optimizer` (stepping the rank's fp32 master partition); otherwise the
@@ -140,6 +157,17 @@ class StepGuard:
     number, so the run still ends at train_iters at the final LR, and a skipped step costs its
     batch. With it off, nothing changes: DeepSpeed's own skips of non-finite gradients (fp32
     ZeRO 1/2, the bf16 optimizer of ZeRO 0/1) hold the schedule, as they always did.
+
+    When a verdict is needed (`synchronous`). skip_step needs it before the update, and
+    rollback_after before the next step: the guard then reads the step's loss and gradient
+    norm on the host inside the step (a wait for the GPU; where DeepSpeed has just waited for
+    its own overflow check, bf16 ZeRO 0/1 and fp32 ZeRO 1/2, one that costs nothing more).
+    Otherwise (the default) nothing waits: `finish` returns the step's values as they are on
+    the device (`Unjudged`), and `judge` turns them into the verdict once they are read
+    (TrainModule.read, once per log interval), in step order: the same detector inputs in
+    the same order, so the same verdicts. Deciding a skip on the device instead (a 0/1
+    tensor gating the update, as GradScaler's found_inf gates torch's fused AdamW) would save
+    no wait while DeepSpeed reads its own overflow flag on the host in the same step.
     """
 
     def __init__(self, cfg: SpikesConfig, world_size: int = 1):
@@ -150,10 +178,17 @@ class StepGuard:
         # (step, data step) of the flagged steps within the last rollback_within steps
         self.flagged_steps: deque[tuple[int, int]] = deque()
         self.skipped_total = 0  # skipped steps in the run's history
-        self._pending: tuple[int, int, float] | None = None
+        self._pending: tuple[int, int, Any] | None = None  # step, data step, loss (device)
+        self._stepped = False  # the inner optimizer was called in this step
+        self._norm: Any = None  # the step's gradient norm, as DeepSpeed left it
         self._verdict: Verdict | None = None
         self._engine = None
-        self._stage0_norm: float | None = None
+        self._stage0_norm: Any = None
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether each step is judged inside it (see the class docstring)."""
+        return bool(self.cfg.skip_step or self.cfg.rollback_after)
 
     def install(self, engine) -> None:
         self._engine = engine
@@ -163,8 +198,11 @@ class StepGuard:
         @functools.wraps(original)
         def guarded_step(*args, **kwargs):
             # ZeRO calls the inner step once per parameter group: judge on the first call.
-            if self._pending is not None and self._verdict is None:
-                self._verdict = self._judge(self._read_grad_norm())
+            if self._pending is not None and not self._stepped:
+                self._stepped, self._norm = True, self._read_grad_norm()
+                if self.synchronous:
+                    step, data_step, loss = self._pending
+                    self._verdict = self._judge(step, data_step, float(loss), _host(self._norm))
             if self._verdict is not None and self._verdict.skipped:
                 return None
             return original(*args, **kwargs)
@@ -175,47 +213,62 @@ class StepGuard:
             def clip_and_keep_norm():
                 from deepspeed.runtime.utils import clip_grad_norm_
 
-                self._stage0_norm = float(
-                    clip_grad_norm_(
-                        parameters=engine.module.parameters(),
-                        max_norm=engine.gradient_clipping(),
-                        mpu=engine.mpu,
-                    )
+                self._stage0_norm = clip_grad_norm_(
+                    parameters=engine.module.parameters(),
+                    max_norm=engine.gradient_clipping(),
+                    mpu=engine.mpu,
                 )
 
             engine.clip_fp32_gradients = clip_and_keep_norm
 
-    def _read_grad_norm(self) -> float | None:
+    def _read_grad_norm(self) -> Any:
+        """The step's global gradient norm as DeepSpeed keeps it: a device tensor (not read
+        here), a float, or None where DeepSpeed reports none."""
         engine = self._engine
         opt = engine.optimizer
         if opt is _inner_optimizer(engine):  # ZeRO 0, fp32
             if engine.gradient_clipping() > 0:
                 return self._stage0_norm
             grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-            return float(torch.nn.utils.get_total_norm(grads)) if grads else None
+            return torch.nn.utils.get_total_norm(grads) if grads else None
         norm = getattr(opt, "_global_grad_norm", None)
-        return None if norm is None else float(norm)
+        # DeepSpeed assigns a new tensor each step; a copy keeps this step's value regardless.
+        return norm.detach().clone() if isinstance(norm, torch.Tensor) else norm
 
-    def begin(self, step: int, data_step: int, loss: float) -> None:
-        """Called with the step's all-reduced loss, before the engine's boundary step."""
+    def begin(self, step: int, data_step: int, loss: Any) -> None:
+        """Called with the step's all-reduced loss (a 0-d tensor, or a float), before the
+        engine's boundary step."""
         self._pending = (step, data_step, loss)
-        self._verdict = None
-        self._stage0_norm = None
+        self._stepped, self._norm, self._verdict, self._stage0_norm = False, None, None, None
 
-    def finish(self) -> Verdict:
-        """After the engine's boundary step: the step's verdict."""
-        verdict = self._verdict
-        if verdict is None:  # DeepSpeed skipped the update itself: non-finite gradients
-            verdict = self._judge(float("inf"), skipped_by_deepspeed=True)
-            scheduler = self._engine.lr_scheduler
-            if self.cfg.skip_step and scheduler is not None:
-                scheduler.step()  # DeepSpeed holds the schedule on its own skips; we do not
-        self._pending = None
-        self._verdict = None
-        return verdict
-
-    def _judge(self, grad_norm: float | None, skipped_by_deepspeed: bool = False) -> Verdict:
+    def finish(self) -> Verdict | Unjudged:
+        """After the engine's boundary step: the step's verdict when `synchronous`, else its
+        values for `judge`."""
         step, data_step, loss = self._pending
+        skipped = not self._stepped  # DeepSpeed skipped the update itself: non-finite gradients
+        norm = float("inf") if skipped else self._norm
+        out: Verdict | Unjudged = Unjudged(step, data_step, loss, norm, skipped)
+        if self.synchronous:
+            out = self._verdict or self._judge(step, data_step, float(loss), norm, skipped)
+            scheduler = self._engine.lr_scheduler
+            if skipped and self.cfg.skip_step and scheduler is not None:
+                scheduler.step()  # DeepSpeed holds the schedule on its own skips; we do not
+        self._pending, self._verdict, self._norm = None, None, None
+        return out
+
+    def judge(self, step: Unjudged, loss: float, grad_norm: float | None) -> Verdict:
+        """The verdict of an unjudged step, given its loss and grad norm read on the host.
+        Steps must come in order (the detectors' windows)."""
+        return self._judge(step.step, step.data_step, loss, grad_norm, step.skipped_by_deepspeed)
+
+    def _judge(
+        self,
+        step: int,
+        data_step: int,
+        loss: float,
+        grad_norm: float | None,
+        skipped_by_deepspeed: bool = False,
+    ) -> Verdict:
         v = Verdict(step, data_step, loss, grad_norm)
         v.loss_spike = self.loss.update(step, loss)
         v.loss_score = self.loss.last_score
@@ -333,6 +386,7 @@ __all__ = [
     "Spike",
     "SpikeDetector",
     "StepGuard",
+    "Unjudged",
     "Verdict",
     "read_rollbacks",
     "write_rollbacks",

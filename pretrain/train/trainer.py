@@ -157,30 +157,28 @@ class Trainer:
         stats = dist_utils.all_reduce_sum(
             torch.stack([loss_sum / run.grad_accum, flag, token_sum, z_sum / run.grad_accum])
         )
-        loss, stopping = float(stats[0]) / run.env.world_size, float(stats[1]) > 0
-        verdict = module.optimizer_step(self.step, data_step, loss)
-        scalars = {"train/loss": loss, "train/lr": lr}
-        if verdict.grad_norm is not None:
-            scalars["train/grad_norm"] = verdict.grad_norm
-        if self.cfg.train.z_loss:
-            scalars["train/z_loss"] = float(stats[3]) / run.env.world_size
+        # The step's values stay on the device; read once per log interval (train/module.py).
+        stopping = module.stop_requested(stats[1])
+        module.optimizer_step(self.step, data_step, stats)
         t0, evaluation = time.perf_counter(), self.evaluate() if self._eval_due() else None
-        scalars.update(evaluation or {})
-        return StepOutput(
+        out = StepOutput(
             step=self.step,
-            loss=loss,
-            grad_norm=verdict.grad_norm,
+            loss=None,
+            grad_norm=None,
             lr=lr,
             tokens=run.tokens_per_step,
-            batch_token_sum=float(stats[2]),
+            batch_token_sum=None,
             stopping=stopping,
             first_input=first,
             log=self._is_log_step(stopping),
-            scalars=scalars,
-            verdict=verdict,
+            scalars={"train/lr": lr, **(evaluation or {})},
             evaluation=evaluation,
             eval_seconds=time.perf_counter() - t0 if evaluation else 0.0,
         )
+        module.defer(out)
+        if out.log or evaluation or self.step % self.cfg.checkpoint.interval == 0:
+            module.read()
+        return out
 
     def evaluate(self) -> dict[str, float]:
         """valid/* over the same train.eval_iters global batches of validation data."""
@@ -248,7 +246,9 @@ class Trainer:
             text_units=text_per_token(data.tokenizer, data.valid)
             if eval_enabled and env.is_main
             else {},
-            module=TrainModule(cfg, engine, env.world_size, faults),
+            module=TrainModule(
+                cfg, engine, env.world_size, faults, lambda outs: self.fire("on_values", outs)
+            ),
             checkpointer=Checkpointer(
                 self.layout.checkpoints, cfg.checkpoint, env.rank, env.world_size
             ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -16,25 +17,58 @@ if TYPE_CHECKING:
     from pretrain.train.spikes import Rollback, Verdict
 
 
+class OnDevice:
+    """A StepOutput field whose value the step leaves on the device (the all-reduced loss,
+    the gradient norm, the guard's verdict, ...). The trainer reads every pending step's
+    values at once (`TrainModule.read`: one host transfer) at logging steps and at steps that
+    evaluate, save or stop; until then `out.pending` is set. Reading such a field earlier
+    reads them then, which waits for the GPU: built-in callbacks read them on logging steps,
+    or in `on_values`, which gets each step once its values are read."""
+
+    def __init__(self, default: Any = dataclasses.MISSING) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, out: Any, owner: type | None = None) -> Any:
+        if out is None:  # the class's: the dataclass default (none without one)
+            if self.default is dataclasses.MISSING:
+                raise AttributeError(self.attr)
+            return self.default
+        if out.pending is not None:
+            out.pending.read()
+        return getattr(out, self.attr)
+
+    def __set__(self, out: Any, value: Any) -> None:
+        setattr(out, self.attr, value)
+
+
 @dataclass
 class StepOutput:
     """What one optimizer step produced. Callbacks read it and add to `scalars` (written to
-    the metrics file, TensorBoard and W&B by the writer callbacks) and `events` (text lines)."""
+    the metrics file, TensorBoard and W&B by the writer callbacks) and `events` (text lines).
+
+    The fields marked OnDevice, and scalars train/loss, train/grad_norm, train/z_loss and
+    progress/batch_token_sum, are filled when the step's values are read from the device
+    (see OnDevice): on logging steps before on_step_end, on other steps at the next read;
+    the writers write each step once it is read."""
 
     step: int
-    loss: float  # mean over the step's micro batches and ranks
-    grad_norm: float | None  # after clipping's measurement, before the clip
+    loss: float = OnDevice()  # mean over the step's micro batches and ranks
+    grad_norm: float | None = OnDevice()  # after clipping's measurement, before the clip
     lr: float  # the rate this update used
     tokens: int  # tokens in this step, over all ranks
-    batch_token_sum: float  # sum of the step's token ids over all ranks (a data fingerprint)
-    stopping: bool  # some rank received a pre-emption signal: save and stop after this step
+    batch_token_sum: float = OnDevice()  # sum of the step's token ids over all ranks
+    stopping: bool  # a rank received a pre-emption signal: save and stop after this step
     first_input: torch.Tensor | None  # this rank's first sequence of the step (for probes)
     log: bool  # a logging step (logging.log_interval, the last step, or stopping)
-    verdict: Verdict | None = None  # the loss-spike guard's judgement (pretrain/train/spikes.py)
+    verdict: Verdict | None = OnDevice(None)  # the loss-spike guard's (train/spikes.py)
     evaluation: dict[str, float] | None = None  # valid/* when the step evaluated (also in scalars)
     eval_seconds: float = 0.0  # of the step's wall time, spent evaluating
     scalars: dict[str, float] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (tag, text)
+    pending: Any = None  # what reads the OnDevice fields (TrainModule) until they are read
 
 
 class Trainer(Protocol):
@@ -67,6 +101,9 @@ class Callback:
         on_fit_start      before anything is built (signal handlers belong here)
         on_train_start    model built, checkpoint restored; before the first step
         on_evaluation     after a step that evaluated, with its valid/* (before its on_step_end)
+        on_values         when steps' device values were read (StepOutput's OnDevice fields),
+                          with those steps' StepOutputs in order: at logging steps before
+                          their on_step_end, each step exactly once
         on_step_end       after every optimizer step, with its StepOutput
         on_save           after a checkpoint is complete, with its folder (with
                           checkpoint.async: once its state is copied; the folder is
@@ -84,6 +121,8 @@ class Callback:
     def on_fit_start(self, trainer: Trainer) -> None: ...
 
     def on_train_start(self, trainer: Trainer) -> None: ...
+
+    def on_values(self, trainer: Trainer, outs: list[StepOutput]) -> None: ...
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None: ...
 

@@ -63,11 +63,14 @@ class SpeedMonitor(Callback):
     def _reset(self) -> None:
         self.t0, self.tokens, self.eval_seconds = time.perf_counter(), 0, 0.0
 
+    def on_values(self, trainer, outs: list[StepOutput]) -> None:
+        for out in outs:
+            out.scalars["progress/batch_token_sum"] = out.batch_token_sum
+
     def on_step_end(self, trainer, out: StepOutput) -> None:
         self.tokens += out.tokens
         self.steps += 1
         self.eval_seconds += out.eval_seconds  # inside the step's wall time, not training
-        out.scalars["progress/batch_token_sum"] = out.batch_token_sum
         if not out.log:
             return
         tps = self.tokens / max(time.perf_counter() - self.t0 - self.eval_seconds, 1e-9)

@@ -12,9 +12,14 @@ class SpikeMonitor(Callback):
     a grad-norm spike: spikes/grad_norm, spikes/expected_grad_norm, spikes/grad_norm_spike_score;
     a skipped update: spikes/skipped = 1 and spikes/skipped_steps (the run's count). Each with
     a text event and one console line. The decisions use all-reduced values, so every rank
-    sees the same spikes."""
+    sees the same spikes. Each step when its values are read (on_values: at logging steps,
+    or every step with spikes.skip_step or rollback_after), before the writers write it."""
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
+    def on_values(self, trainer, outs: list[StepOutput]) -> None:
+        for out in outs:
+            self._report(trainer, out)
+
+    def _report(self, trainer, out: StepOutput) -> None:
         v = out.verdict
         if v is None:
             return
