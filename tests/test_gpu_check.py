@@ -74,11 +74,13 @@ def test_a_stage_stopped_by_its_deadline_resumes_at_the_next_call(smoke):
     science = after_first["stages"]["science"]
     assert science["status"] == "partial"
     (stopped,) = science["tables"]["science"]
-    assert stopped["steps"] == 2 and stopped["status"].startswith("stopped")
+    # Stopped through the pre-emption path, which all ranks agree on a step or two after
+    # the signal (the flag travels with a step's collective): before the run's 4 steps.
+    assert 1 <= stopped["steps"] < 4 and stopped["status"].startswith("stopped")
     runs = data["stages"]["science"]["tables"]["science"]
     assert [(r["theta"], r["steps"], r["status"]) for r in runs] == [
-        (5000.0, 3, "done"),
-        (10000.0, 3, "done"),
+        (5000.0, 4, "done"),
+        (10000.0, 4, "done"),
     ]
     assert [r["theta"] for r in data["stages"]["science"]["tables"]["science_speed"]] == [
         5000.0,
