@@ -61,8 +61,13 @@ class _RMSNormFunction(torch.autograd.Function):
         x, rstd, weight = ctx.saved_tensors
         # One cast of each bf16 operand (none in fp32): on a CPU an operand of another dtype
         # is copied by every kernel that meets it.
-        g, w = grad.float(), weight.float()
-        n = x.float() * rstd  # recomputed (one kernel) rather than kept (a full-size tensor)
+        # fp64 stays fp64 (the exactness tests run in it): the weight's gradient sums over
+        # every row, where fp32 would round as autograd's chain in fp64 does not.
+        ct = torch.promote_types(grad.dtype, torch.float32)
+        g, w = grad.to(ct), weight.to(ct)
+        # Recomputed (one kernel) rather than kept (a full-size tensor); normalised in fp32
+        # as the forward does.
+        n = (x.float() * rstd).to(ct)
         gn = g * n
         dw = gn.sum(tuple(range(gn.dim() - 1))) if ctx.needs_input_grad[1] else None
         dx = None
