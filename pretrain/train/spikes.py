@@ -2,7 +2,9 @@
 
     SpikeDetector   robust z-score (rolling median / MAD) of one series: loss or grad norm
     StepGuard       judges each step inside DeepSpeed's step, after the gradient norm is known
-                    and before the update, and skips the update when asked (spikes.skip_step)
+                    and before the update, and skips the update when asked (spikes.skip_step);
+                    without skip_step or rollback_after, once the step's values are read
+    Unjudged        a step's values, still on the device, that the guard judges later
     Rollback        a rollback: the step it happened at, the checkpoint it went back to, and the
                     data steps it skipped; kept in RUN/rollbacks.json, so a resume skips them too
     DataWindows     the data steps a run never trains on (spikes.skip_data and every rollback's)
