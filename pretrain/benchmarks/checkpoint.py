@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from pretrain.benchmarks.optim import model_section
 from pretrain.benchmarks.train import RandomTokens
 from pretrain.config import Config, from_dict
 from pretrain.data.dataset import make_loader
@@ -76,20 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, run_dir: str, mode: str) -> Config:
-    d = args.d_model
     return from_dict(
         Config,
         {
-            "model": {
-                "vocab_size": args.vocab,
-                "pad_vocab_to_multiple": 64,
-                "n_layers": args.layers,
-                "d_model": d,
-                "n_heads": max(1, d // 64),
-                "d_ff": 4 * d,
-                "max_seq_len": args.seq_len,
-                "rope_fraction": 0.25,
-            },
+            "model": model_section(args),
             "data": {"train": [], "valid": []},
             "optim": {"impl": args.optim_impl},
             "schedule": {"warmup_steps": 1},

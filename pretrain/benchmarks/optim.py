@@ -52,22 +52,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
 
 
-def _config(args: argparse.Namespace, impl: str):
-
+def model_section(args: argparse.Namespace) -> dict:
+    """The config's model section of the optimizer and checkpoint benchmarks: a Llama-shaped
+    model of --layers blocks of width --d-model (heads of 64), its vocabulary and length."""
     d = args.d_model
+    return {
+        "vocab_size": args.vocab,
+        "pad_vocab_to_multiple": 64,
+        "n_layers": args.layers,
+        "d_model": d,
+        "n_heads": max(1, d // 64),
+        "d_ff": 4 * d,
+        "max_seq_len": args.seq_len,
+        "rope_fraction": 0.25,
+    }
+
+
+def _config(args: argparse.Namespace, impl: str):
     return from_dict(
         Config,
         {
-            "model": {
-                "vocab_size": args.vocab,
-                "pad_vocab_to_multiple": 64,
-                "n_layers": args.layers,
-                "d_model": d,
-                "n_heads": max(1, d // 64),
-                "d_ff": 4 * d,
-                "max_seq_len": args.seq_len,
-                "rope_fraction": 0.25,
-            },
+            "model": model_section(args),
             "optim": {"impl": impl},
             "schedule": {"warmup_steps": 1},
             "train": {
