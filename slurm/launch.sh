@@ -33,7 +33,8 @@
 #   PRETRAIN_MAX_REQUEUES  stop requeueing after this many restarts [100]
 #   PRETRAIN_MAX_HANG_REQUEUES  requeue a job whose training hung (exit 124) at most this
 #                       many times [3]; counted in RUN/hang/requeues-JOBID
-#   MASTER_PORT         rendezvous port [20000 + job id mod 20000]
+#   MASTER_PORT         rendezvous port [10000 + job id mod 20000: below Linux's ephemeral
+#                       ports, which another process's connection may hold]
 #   NCCL_* / TORCH_NCCL_* / OMP_NUM_THREADS   see "Communication" below; your values win
 set -euo pipefail
 
@@ -90,7 +91,9 @@ NNODES=${#HOSTS[@]}
 # Slurm's own address for the node: the name alone may not resolve (simulated nodes).
 MASTER_ADDR=$(scontrol show node "${HOSTS[0]}" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | head -n 1)
 export MASTER_ADDR=${MASTER_ADDR:-${HOSTS[0]}}
-export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
+# Below the ephemeral range (32768-60999), where a socket of any process could already hold
+# it; pretrain/train/distributed.py slurm_master_port is the same rule for a bare srun.
+export MASTER_PORT=${MASTER_PORT:-$((10000 + SLURM_JOB_ID % 20000))}
 # Tasks per node: --ntasks-per-node of the job; else one per GPU; else one.
 GPUS_PER_NODE=${SLURM_GPUS_ON_NODE:-0}
 TASKS_PER_NODE=${SLURM_NTASKS_PER_NODE:-}

@@ -38,6 +38,7 @@ from train_support import LAUNCH_VARS, prepare_stdlib, run_main, tiny_config, wr
 REPO = Path(__file__).resolve().parents[1]
 
 from pretrain.sweep import Run, Slurm, paper_runs, render_job_script  # noqa: E402
+from pretrain.train.distributed import slurm_master_port  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 HARNESS = REPO / "tools" / "slurm_local.sh"
@@ -432,6 +433,8 @@ def test_two_nodes_train_like_torchrun(cluster, jobs):
     assert info["NodeList"] == "node[1-2]"
     assert info["Restarts"] == "0"  # a run that finished is not requeued
     assert "nodes 2 (node1 node2) x 1 tasks = world size 2" in log
+    # launch.sh's port is the trainer's own rule (a bare srun), below the ephemeral ports.
+    assert f"master 127.0.0.1:{slurm_master_port(int(job))}" in log
     assert "2 rank(s)" in log  # the trainer's own view: both tasks joined one process group
     # The Slurm log is linked into the run folder.
     assert (jobs["plain"] / f"slurm-{job}.out").resolve() == (jobs["base"] / f"tiny-{job}.out")

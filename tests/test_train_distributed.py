@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pretrain.config import ConfigError
 from pretrain.train import distributed
-from pretrain.train.distributed import first_host, setup_env
+from pretrain.train.distributed import first_host, setup_env, slurm_master_port
 
 
 def test_slurm_variables_become_torch_variables():
@@ -20,7 +22,10 @@ def test_slurm_variables_become_torch_variables():
     d = setup_env(env)
     assert (d.rank, d.local_rank, d.world_size, d.launcher) == (5, 1, 8, "slurm")
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("5", "1", "8")
-    assert env["MASTER_ADDR"] == "node001" and env["MASTER_PORT"] == str(29500 + 4242 % 1000)
+    assert env["MASTER_ADDR"] == "node001" and env["MASTER_PORT"] == str(10000 + 4242 % 20000)
+    # Every job's port lies below the ephemeral ports another connection could hold.
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(slurm_master_port(job) < low for job in (0, 19999, 20000, 4242, 16518167))
 
 
 def test_launcher_variables_win_over_slurm():

@@ -65,13 +65,23 @@ def _slurm_master_addr(env) -> str | None:
     return first_host(nodelist)
 
 
+def slurm_master_port(job_id: int) -> int:
+    """A job's rendezvous port: 10000 + job id mod 20000, the same on every task, different
+    for neighbouring jobs, and below Linux's ephemeral range (32768-60999 by default). Inside
+    that range another process's connection, or gloo's own listening sockets, can already
+    hold the port: the job's store then fails with EADDRINUSE and the other ranks wait for
+    it until the rendezvous timeout (seen with 20000 + id mod 20000 on the test cluster).
+    slurm/launch.sh computes the same number."""
+    return 10000 + job_id % 20000
+
+
 def setup_env(environ: dict[str, str] | None = None) -> DistEnv:
     """Fill RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in `environ` (os.environ).
 
     Variables a launcher already set win. Under Slurm without them, SLURM_PROCID ->
     RANK, SLURM_LOCALID -> LOCAL_RANK, SLURM_NTASKS -> WORLD_SIZE; MASTER_ADDR defaults to
-    the first node of the job and MASTER_PORT to 29500 + SLURM_JOB_ID % 1000 (the same on
-    every task, different for neighbouring jobs). One process alone gets a free local port.
+    the first node of the job and MASTER_PORT to `slurm_master_port(SLURM_JOB_ID)`, as
+    slurm/launch.sh does. One process alone gets a free local port.
     """
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -90,7 +100,7 @@ def setup_env(environ: dict[str, str] | None = None) -> DistEnv:
                     "read; export MASTER_ADDR=<first node> in the sbatch script"
                 )
             env["MASTER_ADDR"] = addr or "127.0.0.1"
-        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+        env.setdefault("MASTER_PORT", str(slurm_master_port(int(env.get("SLURM_JOB_ID", "0")))))
     else:
         launcher = "single"
         env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"] = "0", "1", "0"
