@@ -43,6 +43,8 @@ from pretrain.train.distributed import slurm_master_port  # noqa: E402
 pytestmark = pytest.mark.slurm
 HARNESS = REPO / "tools" / "slurm_local.sh"
 ITERS = 40  # long enough to signal mid-run, short enough for CI
+HANG_STEP = 30  # well after the pre-emption (signalled once 4 steps are logged)
+HANG_TIMEOUT = 5  # seconds; a step of the tiny model takes well under 1 s on a loaded CPU
 
 
 def unavailable(reason: str):
@@ -289,7 +291,8 @@ def test_scancel_stops_for_good(cluster, stub_job, tmp_path):
 
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):
-    """Submit, at once: an uninterrupted job, a job to pre-empt, and its chained evaluation."""
+    """Submit, at once: an uninterrupted job, the same through DeepSpeed's launcher, and a job
+    to pre-empt (whose rank 1 later hangs) with its chained evaluation."""
     base = tmp_path_factory.mktemp("runs")
     data = prepare_stdlib(base / "data")
     config = write_config(
@@ -337,9 +340,17 @@ def jobs(cluster, tmp_path_factory):
         ),
     }
     # The job to pre-empt goes through slurm/submit.sh, which chains the evaluation to it.
+    # After its requeue, rank 1 hangs at step HANG_STEP, once (its marker stays in the run
+    # folder): the watchdog ends the job, launch.sh requeues it again, it resumes from the
+    # pre-emption's checkpoint and finishes. One job for both paths: each costs a 2-rank run.
+    hang = [
+        f"train.hang_timeout={HANG_TIMEOUT}",
+        f"spikes.faults=[{{kind: hang, step: {HANG_STEP}, rank: 1}}]",
+    ]
     out = cluster.run(
         "slurm/submit.sh",
         str(script),
+        *[a for o in hang for a in ("--set", o)],
         "--set",
         f"logging.run_dir={preempted}",
         env={
@@ -350,12 +361,6 @@ def jobs(cluster, tmp_path_factory):
     )
     ids["preempted"] = re.search(r"training: +job (\d+)", out.stdout).group(1)
     ids["evaluate"] = re.search(r"evaluation: +job (\d+)", out.stdout).group(1)
-    # Rank 1 hangs at step 5, once (its marker stays in the run folder): the watchdog ends
-    # the job after 3 s, launch.sh requeues it, it resumes from step 3 and finishes.
-    hung = base / "hung"
-    hang = ["train.train_iters=6", "train.hang_timeout=3", "checkpoint.interval=3"]
-    hang += ["spikes.faults=[{kind: hang, step: 5, rank: 1}]", f"logging.run_dir={hung}"]
-    ids["hung"] = cluster.sbatch(script, *[a for o in hang for a in ("--set", o)])
     return {
         "base": base,
         "config": config,
@@ -363,7 +368,6 @@ def jobs(cluster, tmp_path_factory):
         "plain": plain,
         "preempted": preempted,
         "deepspeed": ds,
-        "hung": hung,
     }
 
 
@@ -403,8 +407,8 @@ def test_preempted_job_requeues_and_ends_like_uninterrupted(cluster, jobs):
     info = cluster.wait(job)
     log = log_of(jobs, job)
     assert info["JobState"] == "COMPLETED", log
-    assert info["Restarts"] == "1", log
-    # One log, appended by both runs of the job.
+    assert info["Restarts"] == "2", log  # the pre-emption, then the hang (the next test)
+    # One log, appended by every run of the job.
     assert "got SIGUSR1" in log and "requeueing job" in log
     assert f"job {job} (restart 0)" in log and f"job {job} (restart 1)" in log
     # It stopped mid-run with a checkpoint and the second run resumed from it.
@@ -414,7 +418,7 @@ def test_preempted_job_requeues_and_ends_like_uninterrupted(cluster, jobs):
     saved = re.search(r"checkpoint written at step (\d+)", log)
     resumed = re.search(r"resumed from \S+ \(step (\d+)", log)
     assert saved and resumed, log
-    assert 1 <= int(saved.group(1)) == int(resumed.group(1)) < ITERS
+    assert 1 <= int(saved.group(1)) == int(resumed.group(1)) < HANG_STEP
     assert sorted(losses(jobs["preempted"])) == list(range(1, ITERS + 1))
 
     import torch
@@ -478,18 +482,22 @@ def test_evaluation_waits_for_the_training_job(cluster, jobs):
 
 
 def test_hung_job_is_requeued_and_finishes(cluster, jobs):
-    job, run_dir = jobs["ids"]["hung"], jobs["hung"]
+    """The pre-empted job's second run: rank 1 hangs at HANG_STEP."""
+    job, run_dir = jobs["ids"]["preempted"], jobs["preempted"]
     info = cluster.wait(job)
     log = log_of(jobs, job)
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
-    # Both tasks of the first run exited with the watchdog's code, and srun passed it on.
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", log
+    # Both tasks of the second run exited with the watchdog's code, and srun passed it on.
     assert "task 0: Exited with exit code 124" in log and "task 1: Exited with exit code 124" in log
     verdict = [line for line in log.splitlines() if line.startswith("hang:")]
-    assert len(verdict) == 1 and verdict[0].startswith("hang: step 5 stalled"), log
+    assert len(verdict) == 1 and verdict[0].startswith(f"hang: step {HANG_STEP} stalled"), log
     assert "rank 1 stopped outside any collective, in block_forever" in verdict[0]
     assert "training hung (exit 124" in log and f"requeueing job {job} (hang requeue 1 of 3" in log
-    assert f"job {job} (restart 1)" in log and re.search(r"resumed from \S+ \(step 3,", log)
+    # The third run resumed from the newest checkpoint, the pre-emption's, as the second did.
+    assert f"job {job} (restart 2)" in log
+    resumed = re.findall(r"resumed from \S+ \(step (\d+),", log)
+    saved = re.search(r"checkpoint written at step (\d+)", log)
+    assert len(resumed) == 2 and set(resumed) == {saved.group(1)}, log
     hang = run_dir / "hang"
     assert (hang / f"requeues-{job}").read_text().strip() == "1"
     assert sorted(p.name for p in hang.glob("rank_*.txt")) == ["rank_0.txt", "rank_1.txt"]
-    assert sorted(losses(run_dir)) == list(range(1, 7))
