@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import multiprocessing
 import os
 
 import pytest
@@ -142,6 +143,7 @@ def test_the_trainer_evaluates_plans_auto_and_builds_its_context_once(
         stdlib_data(tmp_path_factory),
         train={"train_iters": 5, "eval_interval": 2, "activation_checkpointing": "auto"},
     )
+    raw["data"]["num_workers"] = 1
     cfg = from_dict(Config, raw)
     with pytest.raises(ConfigError, match=r"train\.activation_checkpointing='auto' needs"):
         Trainer(cfg, callbacks=[], save_checkpoints=False).fit()
@@ -153,7 +155,12 @@ def test_the_trainer_evaluates_plans_auto_and_builds_its_context_once(
 
     trainer = Trainer(cfg, callbacks=[probe], save_checkpoints=False, plan_recompute=plan)
     assert trainer.run is None and trainer.is_main  # before set-up: no context, no getattr
+    children = set(multiprocessing.active_children())
     assert trainer.fit() == 0
+    # The data worker stopped with the run, while the trainer lives on. Left to the garbage
+    # collector with the trainer's cycles, its queues closed first and the shutdown waited
+    # out DataLoader's 5 s join timeout (every in-process run: the GPU check, these tests).
+    assert set(multiprocessing.active_children()) <= children
     assert asked == [(1, "cpu")] and trainer.run.module.model.gradient_checkpointing == 1
     valid = ["valid/bits_per_byte", "valid/bits_per_token", "valid/loss", "valid/ppl"]
     assert probe.events == [

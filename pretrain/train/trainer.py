@@ -122,6 +122,7 @@ class Trainer:
             else:
                 exit_code = EXIT_OK
         finally:
+            self._batches = None  # stop its workers now: collected in a cycle, each waited 5 s
             self.fire("on_fit_end", exit_code)
         dist_utils.barrier()
         return exit_code
