@@ -1,4 +1,5 @@
-"""A child program of tests/test_train_reshard.py, run under torch.distributed.run.
+"""A child program of tests/test_train_reshard.py, run on N ranks with torchrun's variables
+(warm_start.run_ranks).
 
     reshard_probe.py save OUT STEP CONFIG...   train STEP updates on fixed random tokens, dump
                                                the full optimizer state, save checkpoint STEP

@@ -444,7 +444,7 @@ def test_two_nodes_train_like_torchrun(cluster, jobs):
     assert (jobs["plain"] / f"slurm-{job}.out").resolve() == (jobs["base"] / f"tiny-{job}.out")
 
     reference = jobs["base"] / "torchrun"
-    out = run_main(jobs["config"], nproc=2, overrides=[f"logging.run_dir={reference}"], timeout=240)
+    out = run_main(jobs["config"], 2, [f"logging.run_dir={reference}"], timeout=240, torchrun=True)
     assert out.returncode == 0, out.stderr[-3000:]
     got, want = losses(jobs["plain"]), losses(reference)
     assert sorted(got) == list(range(1, ITERS + 1))

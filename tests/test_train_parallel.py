@@ -37,7 +37,7 @@ def test_two_ranks_equal_one_rank(tmp_path_factory, tmp_path):
     data, base = baseline_run(tmp_path_factory)  # 1 rank: micro 4 x accumulation 2
     run = tmp_path / "dp2"
     cfg = write_config(tmp_path / "dp2.yaml", tiny_config(run, data))
-    r = run_main(cfg, nproc=2)  # torchrun, 2 ranks on gloo: micro 4 x accumulation 1 x 2
+    r = run_main(cfg, nproc=2, torchrun=True)  # 2 ranks on gloo: micro 4 x accumulation 1 x 2
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "2 rank(s)" in r.stdout and "4 x 1 accumulation x 2 ranks" in r.stdout
     _compare(base, run, weight_tol=1e-5, loss_tol=1e-6)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_start
 from safetensors.torch import load_file
 from train_support import (
     REPO,
     baseline_run,
     child_env,
-    free_port,
     metrics,
     run_main,
     tiny_config,
@@ -42,10 +42,8 @@ SETUPS = {
 
 def _probe(mode: str, out: Path, step: int, nproc: int, configs: list[Path]) -> None:
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
-    cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    cmd += [str(PROBE), mode, str(out), str(step), *map(str, configs)]
-    r = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=400)
+    argv = [str(PROBE), mode, str(out), str(step), *map(str, configs)]
+    r = warm_start.run_ranks(argv, child_env(), REPO, 400, nproc)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
