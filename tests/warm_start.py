@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,7 +53,8 @@ def _socket_path(env: dict[str, str]) -> str:
                 raise RuntimeError("tests/warm_server.py did not start in 120 s")
             time.sleep(0.05)
         _server.update(proc=proc, path=path)
-        atexit.register(proc.kill)
+        atexit.register(shutil.rmtree, folder, True)
+        atexit.register(proc.kill)  # runs first (last registered)
     return str(_server["path"])
 
 
