@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
-import socket
 from pathlib import Path
 
 import pytest
 from conftest import shared_path
+from warm_start import free_port
 
 from pretrain.config import DataConfig
 from pretrain.data.prepare import prepare
@@ -35,12 +35,6 @@ def edu(tmp_path_factory) -> Path:
         progress=False,
     )
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _digest(ds) -> str:
@@ -86,7 +80,7 @@ def _rank_main(
 def _run_two_ranks(data: Path, caches: list, local_ranks: list) -> dict[int, dict[int, tuple]]:
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_rank_main, args=(r, port, str(data), caches, local_ranks, queue))
         for r in range(2)

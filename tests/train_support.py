@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import warm_start
 import yaml
+from warm_start import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "pretrain" / "main.py"
@@ -78,16 +78,16 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_cmd(config: Path, nproc: int = 1, overrides: list[str] | None = None) -> list[str]:
+def main_argv(config: Path, overrides: list[str] | None = None) -> list[str]:
+    """`pretrain/main.py --config CONFIG --set ...` (no interpreter)."""
     args = [str(MAIN), "--config", str(config)]
     for o in overrides or []:
         args += ["--set", o]
+    return args
+
+
+def launch_cmd(config: Path, nproc: int = 1, overrides: list[str] | None = None) -> list[str]:
+    args = main_argv(config, overrides)
     if nproc == 1:
         return [sys.executable, *args]
     return [
@@ -124,10 +124,9 @@ def run_main(
             text=True,
             timeout=timeout,
         )
-    args = [str(MAIN), "--config", str(config)]
-    for o in overrides or []:
-        args += ["--set", o]
-    return warm_start.run_ranks(args, child_env(**env), REPO, timeout, nproc)
+    return warm_start.run_ranks(
+        main_argv(config, overrides), child_env(**env), REPO, timeout, nproc
+    )
 
 
 def start_ranks(config: Path, nproc: int, logs: Path, **env: str) -> list[warm_start.WarmProcess]:
@@ -137,11 +136,10 @@ def start_ranks(config: Path, nproc: int, logs: Path, **env: str) -> list[warm_s
     port = str(free_port())
     procs = []
     for rank in range(nproc):
-        ranks = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc)}
         procs.append(
             warm_start.WarmProcess(
-                [str(MAIN), "--config", str(config)],
-                child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **ranks, **env),
+                main_argv(config),
+                child_env(**warm_start.rank_vars(rank, nproc, port), **env),
                 REPO,
                 logs / f"rank_{rank}.log",
                 None,

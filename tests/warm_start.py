@@ -1,9 +1,10 @@
 """Training processes for the tests, forked from one warm interpreter instead of started cold.
 
 A tiny training run in the tests takes ~11 s on 2 cores, ~9 s of it importing torch,
-DeepSpeed, inductor and megatron-core (cProfile), and the suite starts more than a hundred
-rank processes. `start` asks one server (tests/warm_server.py, started at first use, gone
-with the pytest process) that has imported those once to fork a child that runs the script:
+DeepSpeed, inductor and megatron-core (cProfile), and every training, checkpoint, resharding
+and watchdog test starts such processes. A `WarmProcess` asks one server
+(tests/warm_server.py, started at first use, gone with the pytest process) that has imported
+those once to fork a child that runs the script:
 an ordinary process with its own pid, argv, environment, working directory, output files,
 signals and exit code, which runs `pretrain/main.py` as `python pretrain/main.py` does
 after its imports. What differs from a cold start: module-level state is the server's (its
@@ -12,7 +13,7 @@ the trainer reads its variables at run time), and the interpreter's start-up is 
 (sys.path is made as it makes it: the script's folder, then PYTHONPATH's entries; the other
 PYTHON* variables are the server's).
 
-`run` is `subprocess.run` for one process; `run_ranks` is torchrun for N ranks on this host:
+`run_ranks` is `subprocess.run` for one process and torchrun for N ranks on this host:
 the rank variables of each, and when a rank fails the others get SIGTERM, then SIGKILL
 after 30 s, and the launch reports 1 (torchrun's agent does the same). The real launchers
 stay tested: torchrun in tests/test_train_parallel.py and the Slurm reference, srun and
@@ -126,11 +127,16 @@ class WarmProcess:
 _PER_LAUNCH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def run(
-    argv: list[str], env: dict[str, str], cwd: Path, timeout: float
-) -> subprocess.CompletedProcess:
-    """subprocess.run(argv, capture_output=True, text=True) for `python SCRIPT ...`."""
-    return run_ranks(argv, env, cwd, timeout, nproc=1)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_vars(rank: int, nproc: int, port: str) -> dict[str, str]:
+    """A rank's launcher variables on this host, as srun's tasks get them."""
+    ranks = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc)}
+    return {**ranks, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
 
 
 def run_ranks(
@@ -141,18 +147,11 @@ def run_ranks(
     with tempfile.TemporaryDirectory(prefix="warm_out_") as folder:
         out = Path(folder)
         ranks = []
-        port = str(_free_port())
+        port = str(free_port())
         for rank in range(nproc):
             rank_env = dict(env)
-            if nproc > 1:
-                rank_env.update(
-                    RANK=str(rank),
-                    LOCAL_RANK=str(rank),
-                    WORLD_SIZE=str(nproc),
-                    LOCAL_WORLD_SIZE=str(nproc),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=port,
-                )
+            if nproc > 1:  # torchrun's: srun's and the node's rank count
+                rank_env.update(rank_vars(rank, nproc, port), LOCAL_WORLD_SIZE=str(nproc))
             ranks.append(WarmProcess(argv, rank_env, cwd, out / f"{rank}.out", out / f"{rank}.err"))
         deadline = time.monotonic() + timeout
         try:
@@ -168,12 +167,6 @@ def run_ranks(
         stderr = "".join((out / f"{r}.err").read_text(errors="replace") for r in range(nproc))
     code = codes[0] if nproc == 1 else int(any(codes))
     return subprocess.CompletedProcess(argv, code, stdout, stderr)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_like_torchrun(ranks: list[WarmProcess], deadline: float) -> None:
