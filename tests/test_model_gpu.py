@@ -71,8 +71,10 @@ def test_rmsnorm_fused_cuda_kernel_matches_the_cpu_paths(dtype):
     g0 = torch.randn(4, 256, 512, generator=g).to(dtype)
     out = []
     for device in ("cpu", "cuda"):
-        x = x0.to(device).requires_grad_()
-        w = w0.to(device).requires_grad_()
+        # detach(): on CPU .to() returns x0 itself, and a grad-requiring x0 would make the
+        # CUDA copy a non-leaf without .grad.
+        x = x0.detach().to(device).requires_grad_()
+        w = w0.detach().to(device).requires_grad_()
         with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             y = rms_norm(x, w, 1e-5)
         y.backward(g0.to(device))

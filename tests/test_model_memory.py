@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pretrain.config import ConfigError, ModelConfig, TrainConfig, from_dict
 from pretrain.model import Transformer
@@ -96,6 +97,56 @@ def test_chunked_loss_bf16_is_as_close_to_fp64_as_the_unfused_loss():
     # 1.2-1.35x the unfused error (one rounding), both below bf16's epsilon 2^-8.
     assert rel(new[2], exact[2]) <= 1.5 * rel(ref[2], exact[2])
     assert rel(new[2], exact[2]) < 2**-8
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """The input dtypes of every matrix product that runs inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, tuple[torch.dtype, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+            self.seen.append((func.overloadpacket.__name__, dtypes))
+        return func(*args, **(kwargs or {}))
+
+
+def test_chunked_loss_under_autocast_multiplies_in_bf16_like_f_linear():
+    """fp32 weights under autocast (the peers benchmark, user code): every product of the
+    loss, its gradients' too, runs in bf16 as autograd through F.linear would; an fp32
+    gradient product ran 10x slower on an H200 (1.6x the whole step of a 700M model)."""
+    hidden, weight, targets = _case(torch.float32, n=(4, 160), d=64, vocab=1000, seed=2)
+    exact = _grads(_unfused, hidden.double(), weight.double(), targets)
+
+    def autocast(fn):
+        def run(h, w, t):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return fn(h, w, t)
+
+        return run
+
+    ref = _grads(autocast(_unfused), hidden, weight, targets)
+    with _MatmulDtypes() as products:
+        new = _grads(
+            autocast(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=128)[0]),
+            hidden,
+            weight,
+            targets,
+        )
+    assert products.seen, "no matrix product seen"
+    assert all(set(d) == {torch.bfloat16} for _, d in products.seen), products.seen
+    assert new[1].dtype == new[2].dtype == torch.float32  # the leaves' dtype, as autograd's
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
+    assert abs(new[0].item() - ref[0].item()) <= 1e-5 * abs(ref[0].item())
+    # bf16 products: as far from the exact gradients as autocast's own (not fp32-exact)
+    for k in (1, 2):
+        assert rel(new[k], exact[k]) <= 1.5 * rel(ref[k], exact[k])
+        assert rel(new[k], exact[k]) > 1e-4  # bf16 rounding is there: not fp32 products
 
 
 def test_chunked_loss_without_gradients_and_all_ignored():

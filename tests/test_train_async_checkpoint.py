@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -80,6 +81,33 @@ def test_host_copy_saves_the_same_bytes_as_the_state_it_copied():
     of one storage, a Parameter, requires_grad, bf16, a list held twice, an object training
     mutates (each a way for the bytes to differ), and the originals changed afterwards."""
     _host_copy_is_exact("cpu")
+
+
+def test_a_gpu_storages_tag_is_pickled_as_torch_pickles_the_original():
+    """torch's CUDA tagger builds "cuda:0" anew for every tensor it is asked about, so pickle
+    writes the string once per tensor, never as a memo reference; the tag of a host copy
+    must come out the same way (the first GPU run found one string per storage: a memo
+    reference for a second view, and different bytes)."""
+    from types import SimpleNamespace
+
+    from pretrain.train import async_save
+
+    on_gpu = SimpleNamespace(device=torch.device("cuda", 0))  # what torch's tagger reads
+    tags = [torch.serialization.location_tag(on_gpu) for _ in range(2)]
+    assert tags[0] == tags[1] == "cuda:0"
+    views = 3
+    expected = views if tags[0] is not tags[1] else 1
+    host = torch.UntypedStorage(24 * 4)
+    async_save._LOCATIONS[host._cdata] = torch.device("cuda", 0)
+    try:
+        flat = torch.empty(0).set_(host, 0, (24,), (1,))
+        buf = io.BytesIO()
+        torch.save({"a": flat[:12], "b": flat[12:], "c": flat}, buf)
+    finally:
+        async_save._LOCATIONS.pop(host._cdata)
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
+        pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    assert pickled.count(b"cuda:0") == expected
 
 
 @pytest.mark.gpu

@@ -5,6 +5,8 @@ engine (clipping, LR schedule, ZeRO-1; fp32 and bf16 with fp32 master weights)."
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -112,3 +114,30 @@ def test_the_implementation_is_chosen_per_device():
     )
     with pytest.raises(ConfigError, match="optim.impl"):
         from_dict(Config, {"optim": {"impl": "apex"}})
+
+
+def test_an_arch_list_with_suffixes_is_made_readable_for_deepspeeds_build(monkeypatch):
+    """A GPU image's TORCH_CUDA_ARCH_LIST with "9.0a" stopped DeepSpeed's FusedAdam build
+    (the H200 run); the list deepspeed_arch_list gives passes DeepSpeed's own parser with the
+    same architectures, and a list it already reads is left as it is."""
+    import importlib
+
+    from pretrain.train.engine import deepspeed_arch_list
+
+    # The CUDA builder itself (deepspeed.ops.op_builder resolves to the CPU one here).
+    builder = importlib.import_module("deepspeed.ops.op_builder.fused_adam").FusedAdamBuilder()
+    builder.jit_mode = True
+
+    def parsed(arch_list: str) -> str:
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+        builder.compute_capability_args()
+        return os.environ["TORCH_CUDA_ARCH_LIST"]  # DeepSpeed writes back what it parsed
+
+    image = "7.5 8.0;8.6 9.0a 10.0f+PTX"
+    with pytest.raises(ValueError, match="invalid literal"):
+        parsed(image)
+    readable = deepspeed_arch_list(image)
+    assert readable == "7.5;8.0;8.6;9.0;10.0+PTX"
+    assert parsed(readable) == parsed("7.5;8.0;8.6;9.0;10.0+PTX")
+    assert deepspeed_arch_list("8.0;9.0+PTX") == "8.0;9.0+PTX"
+    assert deepspeed_arch_list(None) is None

@@ -72,10 +72,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             torch.empty(weight.shape, dtype=torch.float32, device=h.device) if need_grad_w else None
         )
         scale = count.reciprocal()
+        # Every matmul here, the gradients' too, runs in the dtype F.linear(h, weight) computes
+        # in: under autocast with fp32 weights that is bf16, as autograd through F.linear would
+        # do (fp32 matmuls there ran 10x slower on an H200), and the weight is cast once, not
+        # once per chunk.
+        cdt = compute_dtype(h, weight)
+        w = weight.to(cdt)
         for start in range(0, n_rows, chunk):
             end = min(start + chunk, n_rows)
-            hc, tc, vc = h[start:end], safe_t[start:end, None], valid[start:end]
-            logits = F.linear(hc, weight).float()  # (c, V) in the compute dtype, then fp32
+            hc, tc, vc = h[start:end].to(cdt), safe_t[start:end, None], valid[start:end]
+            logits = F.linear(hc, w).float()  # (c, V) in the compute dtype, then fp32
             picked = logits.gather(1, tc)[:, 0]
             # log-sum-exp in place (torch.logsumexp would allocate a second (c, V) buffer):
             # logits <- exp(logits - max), then lse = log(sum) + max.
@@ -94,9 +100,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 g.mul_((1.0 + 2.0 * z_loss * lse)[:, None])
             g.scatter_add_(1, tc, torch.full_like(picked[:, None], -1.0))
             g.mul_(torch.where(vc, scale, 0.0)[:, None])
-            g = g.to(weight.dtype)
+            g = g.to(cdt)
             if grad_h is not None:
-                torch.mm(g, weight, out=grad_h[start:end])
+                if grad_h.dtype == cdt:
+                    torch.mm(g, w, out=grad_h[start:end])
+                else:  # fp32 hidden states under autocast
+                    grad_h[start:end] = torch.mm(g, w)
             if grad_w is not None:
                 if g.dtype == torch.float32:
                     if start == 0:
@@ -125,6 +134,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         if grad_w is not None and ctx.needs_input_grad[1]:
             dw = grad_w.mul_(grad_out).to(w_dtype)
         return dh, dw, None, None, None, None, None, None
+
+
+def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype `F.linear(hidden, weight)` multiplies in here: autocast's where it is on for
+    the tensors' device, else the inputs' promoted dtype."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
 
 
 def _liger_available(t: torch.Tensor) -> bool:
@@ -227,6 +245,7 @@ def reference_cross_entropy(
 
 __all__ = [
     "IGNORE_INDEX",
+    "compute_dtype",
     "default_chunk_tokens",
     "linear_cross_entropy",
     "reference_cross_entropy",

@@ -56,12 +56,22 @@ from typing import Any
 
 import torch
 
-# Host copy storage (its _cdata) -> the device tag ("cuda:0") torch.save gives the original.
-_LOCATIONS: dict[int, str] = {}
+# Host copy storage (its _cdata) -> the device of the original, for torch.save's tag.
+_LOCATIONS: dict[int, torch.device] = {}
+
+
+class _OnDevice:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
 
 
 def _original_location(storage: Any) -> str | None:
-    return _LOCATIONS.get(getattr(storage, "_cdata", None))
+    """The tag ("cuda:0") torch's own taggers give the original: built anew at every call,
+    as theirs are. One string object per storage would change the bytes: pickle writes an
+    object seen before as a memo reference, and torch asks once per tensor, not per storage
+    (views of one storage, tensors held twice)."""
+    device = _LOCATIONS.get(getattr(storage, "_cdata", None))
+    return None if device is None else torch.serialization.location_tag(_OnDevice(device))
 
 
 def _restore_nothing(storage: Any, location: str) -> None:
@@ -150,7 +160,7 @@ class HostCopy:
             host = self.buffers.take(src.nbytes(), pinned=on_gpu)
             host.copy_(src, non_blocking=on_gpu)
             if src.device.type != "cpu":
-                _LOCATIONS[host._cdata] = torch.serialization.location_tag(src)
+                _LOCATIONS[host._cdata] = src.device
             self._storages[src._cdata] = host
             self._originals.append(src)
         new = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())

@@ -10,6 +10,9 @@ keys over it for advanced users. The loop that drives the engine is pretrain/tra
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -149,13 +152,31 @@ def resolve_recompute(
     return plan(cfg, world_size, device)
 
 
+ARCH_LIST = "TORCH_CUDA_ARCH_LIST"
+
+
+def deepspeed_arch_list(value: str | None) -> str | None:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed 0.19.8's JIT builder can read it (None: unset).
+    torch takes architecture-specific entries ("9.0a", "10.0f"); DeepSpeed reads each part
+    as a number and stops FusedAdam's build with "invalid literal for int() with base 10:
+    '0a'", as it did on a GPU image whose list holds 9.0a. FusedAdam uses nothing
+    architecture-specific, so the suffix goes; the architectures stay."""
+    if value is None:
+        return None
+    out: list[str] = []
+    for entry in value.replace(";", " ").split():
+        m = re.fullmatch(r"(\d+)\.(\d+)[a-z]?(\+PTX)?", entry)
+        fixed = f"{m[1]}.{m[2]}{m[3] or ''}" if m else entry
+        if fixed not in out:
+            out.append(fixed)
+    return ";".join(out)
+
+
 def build_engine(cfg: Config, world_size: int, device: torch.device, recompute: int):
     """The model, built where it trains (an 8B model never sits in host memory), wrapped in a
     DeepSpeed engine with AdamW and our LR schedule. Same seed on every rank: identical
     initial weights (DeepSpeed also broadcasts them). `recompute`: the number of blocks whose
     activations the backward recomputes (auto already resolved)."""
-    import logging
-
     import deepspeed
     from deepspeed.utils import logger
 
@@ -169,6 +190,16 @@ def build_engine(cfg: Config, world_size: int, device: torch.device, recompute: 
         # of this run's own checkpoint then overwrites them (and the optimizer state).
         load_initial_weights(model, cfg.checkpoint.init_from)
     model.gradient_checkpointing = recompute
+    if device.type == "cuda" and optimizer_impl(cfg, device) == "deepspeed":
+        readable = deepspeed_arch_list(os.environ.get(ARCH_LIST))
+        if readable is not None and readable != os.environ[ARCH_LIST]:
+            logging.getLogger("pretrain").info(
+                "%s=%s -> %s for DeepSpeed's FusedAdam build (it cannot parse the suffixes)",
+                ARCH_LIST,
+                os.environ[ARCH_LIST],
+                readable,
+            )
+            os.environ[ARCH_LIST] = readable
     if t.loss_backend != "chunked":
         model.loss_fn = functools.partial(linear_cross_entropy, backend=t.loss_backend)
     engine, _, _, _ = deepspeed.initialize(
@@ -185,9 +216,11 @@ def build_engine(cfg: Config, world_size: int, device: torch.device, recompute: 
 
 
 __all__ = [
+    "ARCH_LIST",
     "PlanRecompute",
     "build_engine",
     "build_optimizer",
+    "deepspeed_arch_list",
     "deepspeed_config",
     "optimizer_impl",
     "param_groups",
