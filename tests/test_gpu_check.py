@@ -103,6 +103,56 @@ def test_checks_flag_more_than_five_percent():
     assert not check("x", None, 1.0)["flagged"]
 
 
+class _Profile:  # what phase_times reads of torch.profiler.profile: its events
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
+def test_the_step_split_gives_each_kernel_to_the_phase_that_launched_it():
+    """On a GPU the backward's operators run on autograd's device threads, outside the label's
+    scope: their kernels count for the labelled call running when they were launched (the
+    first H200 run, reading the label's own kernels, gave the backward 1% of the step). Built
+    from torch's own profiler events: a labelled forward, backward and step on the main
+    thread, operators on the main and on an autograd thread, an NCCL kernel in the backward."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    from pretrain.gpucheck.training import phase_times
+
+    ids = iter(range(1, 100))
+
+    def op(name, thread, start, end, kernels=()):
+        e = FunctionEvent(next(ids), name, thread, start, end, device_type=DeviceType.CPU)
+        for kernel, us in kernels:
+            e.append_kernel(kernel, 0, us)
+        return e
+
+    main, autograd = 1, 2
+    events = EventList(
+        [
+            op("gpucheck/forward", main, 0, 100),
+            op("aten::mm", main, 10, 20, [("sm90_gemm", 4000)]),
+            op("gpucheck/backward", main, 100, 300),
+            op("aten::mm", autograd, 120, 130, [("sm90_gemm", 7000)]),
+            op("aten::mul", autograd, 140, 150, [("elementwise", 500)]),
+            op("c10d::allreduce_", main, 290, 295, [("ncclDevKernel_AllReduce", 1500)]),
+            op("gpucheck/optimizer", main, 300, 400),
+            op("multi_tensor_apply", main, 310, 320, [("adam_kernel", 900)]),
+            op("aten::copy_", main, 450, 460, [("memcpy", 100)]),  # outside every phase
+        ]
+    )
+    split = phase_times(_Profile(events), on_gpu=True)
+    assert split == {
+        "forward": 4.0,
+        "backward": 9.0,  # 7 + 0.5 from the autograd thread, 1.5 of NCCL
+        "optimizer": 0.9,
+        "communication": 1.5,
+    }
+
+
 def test_update_docs_rewrites_only_between_the_markers(tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text(f"before\n{BEGIN}\nold table\n{END}\nafter\n")

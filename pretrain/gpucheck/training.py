@@ -64,6 +64,12 @@ class Meter:
             self.base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
 
+    def release_cache(self) -> None:
+        """Hand the allocator's unused blocks back to the device."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
     def reset_peak(self) -> None:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -84,26 +90,38 @@ def _labelled(fn, label: str):
 
 
 def phase_times(prof, on_gpu: bool) -> dict[str, float]:
-    """Milliseconds of the profiled step per phase: the device time of the kernels each
-    labelled engine call launched (on CPU: the calls' CPU time), and of the communication
-    kernels (on CPU: the collectives' own CPU time). Communication is inside the phases
-    (DeepSpeed reduces gradients in its backward and step), reported apart."""
+    """Milliseconds of the profiled step per phase (communication is inside the phases:
+    DeepSpeed reduces gradients in its backward and step; reported apart as well).
+
+    On a GPU: the device time of every kernel, given to the phase whose labelled call was
+    running when the operator that launched it started. Launch time, not the label's own
+    kernel total: the backward's operators run on autograd's device threads, outside the
+    label's scope (the first H200 run's split gave the backward 1% of the step), but inside
+    its time, since engine.backward returns only when they are done. On CPU: the labelled
+    calls' CPU time, and the collectives' own."""
     out = dict.fromkeys([*PHASES.values(), "communication"], 0.0)
     cpu = torch.autograd.DeviceType.CPU
-    for e in prof.key_averages():
-        name = e.key
-        if name in PHASES:
-            if e.device_type != cpu:  # a GPU's copy of the label spans its kernels: counted once
-                continue
-            total = e.device_time_total if on_gpu else e.cpu_time_total
-            out[PHASES[name]] += total / 1e3
-        elif any(c in name.lower() for c in COMMUNICATION):
-            if on_gpu:
-                # kernels only (the CPU op that launched them has the same device time)
-                if e.device_type != cpu:
-                    out["communication"] += e.device_time_total / 1e3
-            else:
+    if not on_gpu:
+        for e in prof.key_averages():
+            if e.key in PHASES and e.device_type == cpu:
+                out[PHASES[e.key]] += e.cpu_time_total / 1e3
+            elif any(c in e.key.lower() for c in COMMUNICATION):
                 out["communication"] += e.self_cpu_time_total / 1e3
+        return out
+    events = [e for e in prof.events() if e.device_type == cpu]
+    windows = [
+        (e.time_range.start, e.time_range.end, PHASES[e.name]) for e in events if e.name in PHASES
+    ]
+    for e in events:
+        if not e.kernels:
+            continue
+        start = e.time_range.start
+        phase = next((name for a, b, name in windows if a <= start <= b), None)
+        for k in e.kernels:
+            if phase is not None:
+                out[phase] += k.duration / 1e3
+            if any(c in k.name.lower() for c in COMMUNICATION):
+                out["communication"] += k.duration / 1e3
     return out
 
 
@@ -151,26 +169,29 @@ class Probe(Callback):
             self.split = phase_times(self._prof, self.meter.cuda)
             self.profiled_s = seconds
             self._prof = None
-        if step == self.warmup + self.timed:
-            if self.eval_forward:
-                self._measure_eval(trainer)
-            if self.profile_step:
-                activities = [ProfilerActivity.CPU]
-                if self.meter.cuda:
-                    activities.append(ProfilerActivity.CUDA)
-                self._prof = profile(activities=activities)
-                self._prof.__enter__()
+        last = self.warmup + self.timed + (1 if self.profile_step else 0)
+        if step == last and self.eval_forward:
+            self._measure_eval(trainer)
+        if step == self.warmup + self.timed and self.profile_step:
+            activities = [ProfilerActivity.CPU]
+            if self.meter.cuda:
+                activities.append(ProfilerActivity.CUDA)
+            self._prof = profile(activities=activities)
+            self._prof.__enter__()
         self.meter.reset_peak()
         self._t = time.perf_counter()
 
     def _measure_eval(self, trainer) -> None:
         """One evaluation forward of a micro batch (with targets, no gradients), as the
-        trainer's evaluation runs it."""
+        trainer's evaluation runs it, after the last step: the cache is emptied first, so the
+        reserved peak is the evaluation's (what stays allocated, weights and optimizer state,
+        plus its own), not the training step's blocks the allocator still holds (the first
+        H200 run measured those: 125 GiB reserved for a 25 GiB forward)."""
         cfg, model = trainer.cfg, trainer.run.module.model
         shape = (cfg.train.micro_batch_size, cfg.seq_len)
         device = trainer.run.device
         x = torch.randint(0, cfg.model.vocab_size, shape, device=device)
-        self.meter.sync()
+        self.meter.release_cache()
         self.meter.reset_peak()
         model.eval()
         with torch.no_grad():
