@@ -41,6 +41,8 @@ def test_cpu_smoke_fills_every_stage_and_row(smoke):
     stages = [s for s, _ in all_stages()]
     assert check_schema(data, stages) == []
     assert data["meta"]["mode"] == "cpu-smoke"
+    # Each stage names the commit it ran at (calls of one loan may run different code).
+    assert {r["commit"] for r in data["stages"].values()} == {data["meta"]["commit"]}
     md = (folder / "results.md").read_text()
     for table in TABLES:
         assert TABLE_TITLES[table] in md, table

@@ -60,10 +60,13 @@ def _rows(data: dict[str, Any], table: str) -> list[dict[str, Any]]:
 
 def markdown(data: dict[str, Any], stages: list[Stage]) -> str:
     meta = data.get("meta", {})
+    commits = sorted(
+        {r.get("commit", meta.get("commit", "?")) for r in data.get("stages", {}).values()}
+    )
     lines = [
         f"Measured by `make gpu-check` on {meta.get('device', '?')} ({meta.get('mode', '?')} "
-        f"mode), torch {meta.get('torch', '?')}, {meta.get('date', '?')}, commit "
-        f"{meta.get('commit', '?')}.",
+        f"mode), torch {meta.get('torch', '?')}, {meta.get('date', '?')}, "
+        f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits) or '?'} (each stage's below).",
         "",
     ]
     for table, fields in TABLES.items():
@@ -76,14 +79,18 @@ def markdown(data: dict[str, Any], stages: list[Stage]) -> str:
         for row in rows:
             lines.append("| " + " | ".join(cell(f, row.get(f)) for f in fields) + " |")
         lines.append("")
-    lines += ["**Stages and checks**", "", "| stage | status | seconds | budget | flagged |"]
-    lines.append("|---|---|---|---|---|")
+    lines += [
+        "**Stages and checks**",
+        "",
+        "| stage | status | commit | seconds | budget | flagged |",
+        "|---|---|---|---|---|---|",
+    ]
     for stage in stages:
         r = data.get("stages", {}).get(stage.name, {})
         flagged = [c["name"] for c in r.get("checks", []) if c.get("flagged")]
         lines.append(
-            f"| {stage.name} | {r.get('status', 'not run')} | {cell('s', r.get('seconds'))} | "
-            f"{stage.budget_s} | {'; '.join(flagged) or 'none'} |"
+            f"| {stage.name} | {r.get('status', 'not run')} | {r.get('commit', '')} | "
+            f"{cell('s', r.get('seconds'))} | {stage.budget_s} | {'; '.join(flagged) or 'none'} |"
         )
     return "\n".join(lines) + "\n"
 

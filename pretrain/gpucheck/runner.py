@@ -132,6 +132,10 @@ def _run(opts: Options, log) -> int:
             path = folder / name
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     results = ResultsFolder(folder)
+    # Each stage keeps the commit it ran at: a later call may rerun some stages on new code.
+    # Results from before stages kept theirs ran at the folder's last recorded commit.
+    for result in results.stages.values():
+        result.setdefault("commit", results.meta.get("commit", "?"))
     results.meta.update(
         device=gpu.name,
         mode="cpu-smoke" if opts.smoke else "gpu",
@@ -187,6 +191,7 @@ def _run(opts: Options, log) -> int:
             log(f"{stage.name}: failed\n{result['error']}")
         finally:
             _clean(device)
+        result["commit"] = results.meta["commit"]
         results.finish(stage, result, time.monotonic() - t0)
         atomic_write(folder / RESULTS_MD, markdown(_data(results), stage_list), fsync=False)
         ran += 1
