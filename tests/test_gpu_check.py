@@ -6,6 +6,7 @@ figures that are exact on CPU too; not GPU figures."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from conftest import shared_path
 
 from pretrain.cli.gpu_check import main
 from pretrain.errors import UserError
-from pretrain.gpucheck.kernels import Shape, kernel_family, predicted_kernel
+from pretrain.gpucheck.kernels import DEFAULT_PRIORITY, Shape, kernel_family, predicted_kernel
 from pretrain.gpucheck.report import BEGIN, END, TABLE_TITLES, update_docs
 from pretrain.gpucheck.results import TABLES, check, check_schema
 from pretrain.gpucheck.runner import DOCS, EXIT_DONE, EXIT_MORE, Options, run_check
@@ -164,28 +165,103 @@ def test_update_docs_rewrites_only_between_the_markers(tmp_path):
     assert real.count(BEGIN) == 1 and real.count(END) == 1
 
 
-def test_kernel_prediction_and_names_on_a_gpu(monkeypatch):
-    """The documented rules on an sm90 device, and real CUDA kernel names of each family."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    cuda = torch.device("cuda")
-
-    def shape(head_dim=64, heads=32, kv=8, dropout=0.0, softcap=0.0):
-        return Shape(head_dim, heads, kv, 2048, dropout, softcap, False)
-
-    bf16 = torch.bfloat16
-    assert predicted_kernel(shape(), cuda, bf16) == "flash"  # GQA, head_dim 64
-    assert predicted_kernel(shape(256, 8, 8), cuda, bf16) == "flash"
-    assert predicted_kernel(shape(dropout=0.2), cuda, bf16) == "flash"
-    assert predicted_kernel(shape(512, 8, 8), cuda, bf16) == "memory-efficient"
-    assert predicted_kernel(shape(512), cuda, bf16) == "math"  # GQA past flash's head dims
-    assert predicted_kernel(shape(64, 8, 8), cuda, torch.float32) == "memory-efficient"
-    assert predicted_kernel(shape(softcap=30.0), cuda, bf16) == "unfused"
+def test_kernel_names_of_each_family():
+    """Real CUDA kernel names (and the CPU operators) of each family."""
     names = {
         "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Flash_fwd_params)": "flash",
         "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)": "memory-efficient",
         "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0": "cudnn",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64": "cudnn",
         "aten::_scaled_dot_product_attention_math": "math",
         "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
         "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn": None,
     }
     assert {n: kernel_family(n) for n in names} == names
+
+
+# The expected kernels below come from torch's aten/src/ATen/native/transformers/cuda/
+# sdp_utils.cpp (select_sdp_backend, priority_order, check_prefer_cudnn_attention and each
+# can_use_*_attention's checks), as compiled into the v2.11.0-v2.13.0 cu130 wheels.
+CUDA, BF16 = torch.device("cuda"), torch.bfloat16
+# The H200 run: compute capability 9.0 and torch 2.11.0+cu130, whose wheel pins
+# nvidia-cudnn-cu13==9.19.0.56 (torch.backends.cudnn.version() 91900).
+H200_RUN = {"capability": (9, 0), "cudnn_version": 91900, "torch_version": (2, 11)}
+A100 = {**H200_RUN, "capability": (8, 0)}
+
+
+def _shape(head_dim=64, heads=32, kv=8, seq=2048, dropout=0.0, documents=False, softcap=0.0):
+    return Shape(head_dim, heads, kv, seq, dropout, softcap, documents)
+
+
+# What the H200 run measured (cuDNN's kernels for each): GQA 32/8 at head_dim 64 and four
+# lengths, and at head_dim 128; 8-head MHA at head_dim 256; the character-level model's
+# 6 heads at length 256 with dropout 0.2.
+MEASURED_ON_THE_H200 = [
+    *(_shape(seq=t) for t in (1024, 2048, 4096, 8192)),
+    _shape(128),
+    _shape(256, 8, 8),
+    _shape(64, 6, 6, 256, dropout=0.2),
+]
+
+
+@pytest.mark.parametrize("shape", MEASURED_ON_THE_H200, ids=Shape.label)
+def test_kernel_prediction_of_the_h200_run_is_cudnn(shape):
+    # cuDNN 9.19 is newer than 9.15.0 on sm 9.0: check_prefer_cudnn_attention puts cuDNN
+    # first. can_use_cudnn_attention takes bf16, GQA, causal, head_dim up to 256 on sm90
+    # from cuDNN 9.10 (check_cudnn_tensor_shapes), and dropout: torch 2.11 has no 1/16 check.
+    assert predicted_kernel(shape, CUDA, BF16, **H200_RUN) == "cudnn"
+
+
+@pytest.mark.parametrize("shape", MEASURED_ON_THE_H200, ids=Shape.label)
+def test_kernel_prediction_on_an_a100_is_flash(shape):
+    # sm80 is not sm9x/sm10x: torch's default order, flash first, which takes bf16, GQA,
+    # dropout and head_dim up to 256 (sm80 is not among the GPUs limiting its backward).
+    assert predicted_kernel(shape, CUDA, BF16, **A100) == "flash"
+
+
+def test_a_shape_cudnn_refuses_runs_the_next_backend_in_priority():
+    h200 = H200_RUN
+    # fp32: cuDNN and flash take fp16/bf16 only; memory-efficient takes fp32 but no GQA.
+    assert predicted_kernel(_shape(64, 8, 8), CUDA, torch.float32, **h200) == "memory-efficient"
+    assert predicted_kernel(_shape(), CUDA, torch.float32, **h200) == "math"
+    # head_dim 512: past cuDNN's 256 and flash's 256.
+    assert predicted_kernel(_shape(512, 8, 8), CUDA, BF16, **h200) == "memory-efficient"
+    assert predicted_kernel(_shape(512), CUDA, BF16, **h200) == "math"
+    # sm 10.0 (B200) puts cuDNN first too, but its head_dim limit there is 128.
+    b200 = {**h200, "capability": (10, 0)}
+    assert predicted_kernel(_shape(128, 8, 8), CUDA, BF16, **b200) == "cudnn"
+    assert predicted_kernel(_shape(256, 8, 8), CUDA, BF16, **b200) == "flash"
+    # From torch 2.12 cuDNN's dropout must be a multiple of 1/16 (check_cudnn_dropout).
+    char = _shape(64, 6, 6, 256, dropout=0.2)
+    later = {**h200, "torch_version": (2, 13)}
+    assert predicted_kernel(char, CUDA, BF16, **later) == "flash"
+    assert predicted_kernel(replace(char, dropout=0.25), CUDA, BF16, **later) == "cudnn"
+    # cuDNN 9.15.0 is not newer than 9.15.0: flash keeps first place.
+    assert predicted_kernel(_shape(), CUDA, BF16, **{**h200, "cudnn_version": 91500}) == "flash"
+    # An order of the caller's (sdpa_kernel's set_priority, TORCH_CUDNN_SDPA_DEPRIORITIZED).
+    assert predicted_kernel(_shape(), CUDA, BF16, **h200, priority=DEFAULT_PRIORITY) == "flash"
+
+
+def test_kernel_prediction_of_masks_soft_caps_and_flash_backward_limits():
+    # A document mask with dropout takes the masked SDPA: flash takes no mask, cuDNN does.
+    masked = _shape(64, 6, 6, 256, dropout=0.2, documents=True)
+    assert predicted_kernel(masked, CUDA, BF16, **H200_RUN) == "cudnn"
+    assert predicted_kernel(masked, CUDA, BF16, **A100) == "memory-efficient"
+    assert predicted_kernel(replace(masked, dropout=0.0), CUDA, BF16, **A100) == "flex"
+    assert predicted_kernel(_shape(softcap=30.0), CUDA, BF16, **H200_RUN) == "unfused"
+    # sm86 (A10, RTX 30xx): flash trains head_dim 256 only without dropout.
+    sm86 = {**A100, "capability": (8, 6)}
+    assert predicted_kernel(_shape(256, 8, 8), CUDA, BF16, **sm86) == "flash"
+    assert predicted_kernel(_shape(256, 8, 8, dropout=0.1), CUDA, BF16, **sm86) == (
+        "memory-efficient"
+    )
+
+
+def test_kernel_prediction_refuses_what_it_cannot_know(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="capability"):
+        predicted_kernel(_shape(), CUDA, BF16)  # no GPU here to ask
+    with pytest.raises(ValueError, match="priority"):
+        predicted_kernel(_shape(), CUDA, BF16, **H200_RUN, priority=("flash", "math"))
+    with pytest.raises(ValueError, match="major, minor"):
+        predicted_kernel(_shape(), CUDA, BF16, **{**H200_RUN, "capability": (9,)})
