@@ -66,7 +66,12 @@ def results_folder(opts: Options, device_name: str) -> Path:
 def _commit() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            # --dirty: a tree that is not its HEAD's says so (a GPU loan that sends the working
+            # tree with an older .git recorded that older commit for newer code)
+            ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
         return out.stdout.strip() or "?"
     except OSError:
