@@ -70,7 +70,9 @@ def test_switches_give_the_model_inputs_they_name():
     labels = torch.arange(rows.numel()).view_as(rows)
     assert torch.equal(DocumentSwitches(EOD, document_mask=True).mask_labels(rows, labels), labels)
     batch = {"input_ids": rows, "labels": labels, **both}
-    assert set(model_inputs_of(batch, "cpu")) == {"document_ids", "position_ids"}
+    inputs = model_inputs_of(batch, "cpu")
+    assert set(inputs) == {"document_ids", "position_ids", "max_position"}
+    assert inputs["max_position"] == int(both["position_ids"].max())
 
 
 def test_samples_carry_their_documents_and_are_otherwise_unchanged(paragraphs):

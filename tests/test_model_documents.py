@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pretrain.config import ModelConfig
-from pretrain.data.documents import document_ids, document_positions
+from pretrain.data.documents import document_ids, document_positions, model_inputs_of
 from pretrain.model.document_attention import (
     DocumentMask,
     document_attention_backend,
@@ -136,6 +137,40 @@ def test_position_ids_give_each_token_its_own_rope_rows():
     assert (m(rows, position_ids=reset) - plain).abs().max() > 1e-3
     shifted = torch.arange(32).expand_as(rows) + 7
     torch.testing.assert_close(m(rows, position_ids=shifted), plain, rtol=0, atol=1e-5)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts reads of a tensor's value into Python (int(t), t.tolist(), t.item()): on a GPU
+    each is a synchronisation."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten._local_scalar_dense:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_pipelines_positions_are_never_read_back_by_the_forward():
+    """Training's document inputs (model_inputs_of: positions made on the host, and their
+    largest read there) let the forward and backward run without one read of a tensor's
+    value, as on a GPU without a synchronisation per micro batch; the loss is the one the
+    model computes when it reads the positions itself."""
+    m = model(rope_fraction=0.5).float()
+    rows = packed()
+    batch = {"position_ids": document_positions(document_ids(rows, EOD))}
+    inputs = model_inputs_of(batch, "cpu")
+    assert inputs["max_position"] == int(batch["position_ids"].max())
+    with _HostReads() as reads:
+        loss = m(rows, targets=rows, **inputs).loss
+        loss.backward()
+    assert reads.count == 0
+    with _HostReads() as reads:
+        again = m(rows, targets=rows, position_ids=batch["position_ids"]).loss
+    assert reads.count > 0  # the positions' bounds: what the pipeline's hint saves
+    assert torch.equal(again, loss.detach())
 
 
 def test_bad_document_inputs_are_one_clear_error():

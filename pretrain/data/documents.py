@@ -27,10 +27,16 @@ from pretrain.errors import UserError
 MODEL_INPUT_KEYS = ("document_ids", "position_ids")
 
 
-def model_inputs_of(batch: dict[str, Any], device: torch.device | str) -> dict[str, torch.Tensor]:
+def model_inputs_of(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
     """The document inputs a batch carries, on `device`: what the model's forward takes
-    beside the tokens (empty with the switches off)."""
-    return {k: batch[k].to(device) for k in MODEL_INPUT_KEYS if k in batch}
+    beside the tokens (empty with the switches off). With positions made on the host, also
+    their largest (`max_position`), read there: the model then never reads the positions
+    back from a GPU, a synchronisation every micro batch."""
+    out: dict[str, Any] = {k: batch[k].to(device) for k in MODEL_INPUT_KEYS if k in batch}
+    positions = batch.get("position_ids")
+    if positions is not None and positions.device.type == "cpu" and positions.numel():
+        out["max_position"] = int(positions.max())
+    return out
 
 
 class DocumentError(UserError, ValueError):

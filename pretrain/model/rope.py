@@ -298,12 +298,17 @@ class RotaryEmbedding(nn.Module):
             self.cos, self.sin = self._build(max(end, 2 * self.cos.shape[0]), self.cos.device)
         return self.cos[start:end], self.sin[start:end]
 
-    def at(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def at(
+        self, position_ids: torch.Tensor, max_position: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (B, 1, T, r) of each token's own position (position_ids (B, T)), for
         positions that restart at each packed document; the heads dim broadcasts. The rows
-        are the cache's (grown to the largest position as needed); dynamic_ntk uses the
-        frequencies of the sequence's length, as `forward` does."""
-        length = max(position_ids.shape[-1], int(position_ids.max()) + 1)
+        are the cache's (grown to the largest position, `max_position` if the caller knows
+        it, as needed); dynamic_ntk uses the frequencies of the sequence's length, as
+        `forward` does."""
+        if max_position is None:
+            max_position = int(position_ids.max())
+        length = max(position_ids.shape[-1], max_position + 1)
         cos, sin = self.forward(0, length)
         return cos[position_ids][:, None], sin[position_ids][:, None]
 

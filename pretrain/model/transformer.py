@@ -140,6 +140,7 @@ class Transformer(nn.Module):
         *,
         document_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        max_position: int | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states (B, T, d_model), before the output layer.
 
@@ -147,6 +148,9 @@ class Transformer(nn.Module):
         instead of materialising (B, T, vocab) logits. Packed documents (data/documents.py):
         `document_ids` (B, T) keeps each token's attention inside its document, and
         `position_ids` (B, T) gives each token its position (RoPE and learned positions).
+        `max_position`: their largest, from a caller that knows it without reading the tensor
+        (the data pipeline computes it on the host, pretrain/data/documents.py); otherwise
+        the positions are read back once, a synchronisation where they live on a GPU.
         """
         B, T = input_ids.shape
         start = kv_cache.pos if kv_cache is not None else 0
@@ -156,10 +160,13 @@ class Transformer(nn.Module):
             cos, sin = self.rope(start, T)
             positions = torch.arange(start, start + T, device=input_ids.device)
         else:
-            if int(position_ids.min()) < 0:
-                raise ValueError("position_ids holds a negative position; positions start at 0")
-            self.check_length(int(position_ids.max()) + 1)
-            cos, sin = self.rope.at(position_ids)
+            if max_position is None:
+                bounds = torch.stack(torch.aminmax(position_ids)).cpu()  # one read of both
+                low, max_position = int(bounds[0]), int(bounds[1])
+                if low < 0:
+                    raise ValueError("position_ids holds a negative position; positions start at 0")
+            self.check_length(max_position + 1)
+            cos, sin = self.rope.at(position_ids, max_position)
             positions = position_ids
         x = self.wte(input_ids)
         if self.wpe is not None:
@@ -234,6 +241,7 @@ class Transformer(nn.Module):
         *,
         document_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        max_position: int | None = None,
     ) -> torch.Tensor | LossOutput:
         """Logits (B, T, padded_vocab) or, with `targets`, a LossOutput (fp32 scalars).
 
@@ -243,13 +251,18 @@ class Transformer(nn.Module):
         at a time (pretrain/model/loss.py), with the same result as
         `F.cross_entropy(logits.float(), targets, ignore_index=-100)`.
 
-        `document_ids` and `position_ids`: packed documents, see `hidden_states`.
+        `document_ids`, `position_ids` and `max_position`: packed documents, see
+        `hidden_states`.
 
         `z_loss` > 0 adds z_loss x mean(logsumexp(logits)^2) to the loss (PaLM's z-loss) and
         returns the added term, detached, beside it.
         """
         hidden = self.hidden_states(
-            input_ids, kv_cache, document_ids=document_ids, position_ids=position_ids
+            input_ids,
+            kv_cache,
+            document_ids=document_ids,
+            position_ids=position_ids,
+            max_position=max_position,
         )
         if targets is None:
             return self.lm_head(hidden)
