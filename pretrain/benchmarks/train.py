@@ -12,10 +12,12 @@ selection) are left out of the figures, which are medians over the remaining ste
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,28 +81,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
 
 
-def build_config(args: argparse.Namespace, run_dir: str, world_size: int) -> Config:
-    data = to_dict(load_config(args.config, args.overrides))
-    if args.model:
-        data["model"] = to_dict(load_model_config(args.model))
-    t = data["train"]
-    micro = args.micro_batch or t["micro_batch_size"]
-    t.update(
-        train_iters=args.warmup + args.steps,
-        micro_batch_size=micro,
-        global_batch_size=micro * world_size,
+def measurement_config(
+    data: dict[str, Any],
+    run_dir: str,
+    steps: int,
+    micro_batch: int,
+    global_batch: int,
+    **train: Any,
+) -> Config:
+    """A config (as `to_dict` gives it) made into a measured run: `steps` optimizer steps of
+    `global_batch` sequences in micro batches of `micro_batch`, `train` fields set as given,
+    a 1-step warm-up of the LR, no data files (the caller gives random tokens), nothing
+    evaluated, resumed, loaded or written but the metrics of every step. The one recipe of
+    `tools/benchmark.py train` and the GPU check's training stages."""
+    data = copy.deepcopy(data)
+    data["train"].update(
+        train_iters=steps,
+        micro_batch_size=micro_batch,
+        global_batch_size=global_batch,
         eval_interval=0,
+        **train,
     )
-    if args.seq_len:
-        t["seq_len"] = args.seq_len
-        data["model"]["max_seq_len"] = max(data["model"]["max_seq_len"], args.seq_len)
-    if args.precision:
-        t["precision"] = args.precision
-    elif torch.cuda.is_available():
-        t["precision"] = "bf16"
-    data["data"] = {"train": [], "valid": []}
-    data["schedule"] = {**data["schedule"], "warmup_steps": 1}
-    data["checkpoint"] = {**data["checkpoint"], "resume": False}
+    data["data"] = {**data["data"], "train": [], "valid": []}
+    data["schedule"] = {**data["schedule"], "warmup_steps": 1, "warmup_fraction": None}
+    data["checkpoint"] = {**data["checkpoint"], "resume": False, "init_from": None}
     data["logging"] = {
         **data["logging"],
         "run_dir": run_dir,
@@ -110,6 +114,24 @@ def build_config(args: argparse.Namespace, run_dir: str, world_size: int) -> Con
         "sample_prompts": [],
     }
     return from_dict(Config, data)
+
+
+def build_config(args: argparse.Namespace, run_dir: str, world_size: int) -> Config:
+    data = to_dict(load_config(args.config, args.overrides))
+    if args.model:
+        data["model"] = to_dict(load_model_config(args.model))
+    train: dict[str, Any] = {}
+    if args.seq_len:
+        train["seq_len"] = args.seq_len
+        data["model"]["max_seq_len"] = max(data["model"]["max_seq_len"], args.seq_len)
+    if args.precision:
+        train["precision"] = args.precision
+    elif torch.cuda.is_available():
+        train["precision"] = "bf16"
+    micro = args.micro_batch or data["train"]["micro_batch_size"]
+    return measurement_config(
+        data, run_dir, args.warmup + args.steps, micro, micro * world_size, **train
+    )
 
 
 def run(args: argparse.Namespace) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from pretrain.benchmarks.train import RandomTokens
-from pretrain.config import Config, from_dict, to_dict
+from pretrain.benchmarks.train import RandomTokens, measurement_config
+from pretrain.config import Config, to_dict
 from pretrain.data.dataset import make_loader
 from pretrain.data.pipeline import DataSource
 from pretrain.train.callbacks.base import Callback
@@ -214,28 +214,15 @@ def run_config(
 ) -> Config:
     """`cfg` as the measured run: `micro_batch` x `accumulation` sequences per step on one
     process, `layers` blocks recomputed, `steps` optimizer steps, nothing evaluated or saved."""
-    data = to_dict(cfg)
-    t = data["train"]
-    t.update(
-        train_iters=steps,
-        micro_batch_size=micro_batch,
-        global_batch_size=micro_batch * accumulation,
+    return measurement_config(
+        to_dict(cfg),
+        run_dir,
+        steps,
+        micro_batch,
+        micro_batch * accumulation,
         activation_checkpointing=layers,
-        eval_interval=0,
         compile=compile_model,
     )
-    data["data"] = {**data["data"], "train": [], "valid": []}
-    data["schedule"] = {**data["schedule"], "warmup_steps": 1, "warmup_fraction": None}
-    data["checkpoint"] = {**data["checkpoint"], "resume": False, "init_from": None}
-    data["logging"] = {
-        **data["logging"],
-        "run_dir": run_dir,
-        "tensorboard": False,
-        "log_interval": 1,
-        "max_logit_interval": 0,
-        "sample_prompts": [],
-    }
-    return from_dict(Config, data)
 
 
 @contextlib.contextmanager
