@@ -11,7 +11,7 @@ HAS_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
 TORCH_WHEELS ?= /opt/wheels
 UV_VERSION   := 0.13.9
 
-.PHONY: venv quickstart test test-latest test-exports gpu-check lock lint clean
+.PHONY: venv quickstart test test-latest test-exports gpu-check gpu-wheels lock lint clean
 
 venv: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ test: venv
 # left, not an error). GPU_CHECK_ARGS: e.g. --science, --stage kernels, --fresh, --cpu-smoke.
 gpu-check: venv
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS) || test $$? -eq 75
+
+# For a GPU machine without a package index (its image has torch): the wheels gpu-check
+# needs beyond the image, into .whl/ (docs/performance.md, "A loan on these machines").
+gpu-wheels: venv
+	$(PY) requirements/envs.py offline-wheels
 
 # The dependency-sensitive tests against the newest versions pyproject.toml's ranges allow
 # (a fresh .venv-latest); a failure lists the packages that moved from the lock.

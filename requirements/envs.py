@@ -7,6 +7,7 @@
                                                 # transformers and safetensors: the oldest and
                                                 # the newest transformers the range admits
     python3 requirements/envs.py diff VENV      # VENV's versions that differ from the lock
+    .venv/bin/python requirements/envs.py offline-wheels   # .whl/: what a GPU image lacks
 
 Standard library only: it runs before any environment exists (`make test-latest`,
 `make test-exports`, `.ci/run`). torch stays the CPU wheel of the lock's torch.txt in every
@@ -181,6 +182,71 @@ def test_exports(prefix: Path) -> int:
     return r.returncode
 
 
+# What `tools/gpu_check.py` needs that a GPU machine's image with torch, transformers,
+# numpy, scipy, matplotlib, lightning and the like lacks (the H200 image of the first loan:
+# docs/performance.md, "Measured on a GPU"), at the lock's versions; liger-kernel is no
+# dependency (its GPU test skips without it, which the check counts as a failure).
+OFFLINE_PACKAGES = (
+    "deepspeed",
+    "hjson",
+    "pydantic",
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+    "typing-extensions",
+    "megatron-core",
+    "litgpt",
+    "jsonargparse",
+    "docstring-parser",
+    "typeshed-client",
+    "liger-kernel",
+)
+OFFLINE_EXTRA = {"liger-kernel": "0.8.5"}
+MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64")
+
+
+def offline_wheels(dest: Path, python: str, names: list[str]) -> int:
+    """Wheels of `names` at the lock's versions into `dest`, for a Linux x86-64 machine with
+    CPython `python` and no package index: `pip install --no-index --no-deps --target DIR
+    dest/*.whl` there. DeepSpeed publishes no wheel: it is built here (its setup imports
+    torch, so run this with the venv's python)."""
+    pins = {**locked(), **OFFLINE_EXTRA}
+    missing = [n for n in names if _pin(n + "==")[0] not in pins]
+    if missing:
+        sys.exit(f"offline-wheels: {', '.join(missing)} not in requirements/lock.txt or bench.txt")
+    dest.mkdir(parents=True, exist_ok=True)
+    specs = [f"{n}=={pins[_pin(n + '==')[0]]}" for n in names]
+    built = [s for s in specs if s.startswith("deepspeed==")]
+    platforms = [a for tag in MANYLINUX for a in ("--platform", tag)]
+    pip_ = [sys.executable, "-m", "pip"]
+    binary = [s for s in specs if s not in built]
+    if binary:
+        run(
+            [
+                *pip_,
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--implementation",
+                "cp",
+                "--python-version",
+                python,
+                *platforms,
+                "-d",
+                str(dest),
+                *binary,
+            ]
+        )
+    for spec in built:
+        run([*pip_, "wheel", "-q", "--no-deps", "--no-build-isolation", spec, "-w", str(dest)])
+    print(
+        f"{len(specs)} wheels in {dest}; there: pip install --no-index --no-deps "
+        f"--target DIR {dest}/*.whl, then PYTHONPATH=DIR:$PWD"
+    )
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -207,6 +273,15 @@ def main() -> int:
         default=ROOT / ".venv-hf",
         help="venv name prefix (default .venv-hf: .venv-hf-oldest, .venv-hf-newest)",
     )
+    off = sub.add_parser(
+        "offline-wheels",
+        help="wheels for a machine without a package index whose image has torch (a GPU node)",
+    )
+    off.add_argument("--dest", type=Path, default=ROOT / ".whl", help="folder (default .whl)")
+    off.add_argument("--python", default="3.12", help="that machine's Python (default 3.12)")
+    off.add_argument(
+        "packages", nargs="*", default=list(OFFLINE_PACKAGES), help="default: what gpu_check needs"
+    )
     d = sub.add_parser("diff", help="a venv's versions that differ from requirements/lock.txt")
     d.add_argument("venv", type=Path, help="the venv folder")
     args = p.parse_args()
@@ -214,6 +289,8 @@ def main() -> int:
         return test_latest(args.venv, args.timeout)
     if args.command == "test-exports":
         return test_exports(args.prefix)
+    if args.command == "offline-wheels":
+        return offline_wheels(args.dest, args.python, args.packages)
     print("\n".join(diff(args.venv)) or "the lock's versions exactly")
     return 0
 
