@@ -205,17 +205,22 @@ OFFLINE_EXTRA = {"liger-kernel": "0.8.5"}
 MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64")
 
 
+def offline_specs(names: list[str] | tuple[str, ...]) -> list[str]:
+    """'name==version' of each package at the lock's (or OFFLINE_EXTRA's) version."""
+    pins = {**locked(), **OFFLINE_EXTRA}
+    missing = [n for n in names if _pin(n + "==")[0] not in pins]
+    if missing:
+        sys.exit(f"offline-wheels: {', '.join(missing)} not in requirements/lock.txt or bench.txt")
+    return [f"{n}=={pins[_pin(n + '==')[0]]}" for n in names]
+
+
 def offline_wheels(dest: Path, python: str, names: list[str]) -> int:
     """Wheels of `names` at the lock's versions into `dest`, for a Linux x86-64 machine with
     CPython `python` and no package index: `pip install --no-index --no-deps --target DIR
     dest/*.whl` there. DeepSpeed publishes no wheel: it is built here (its setup imports
     torch, so run this with the venv's python)."""
-    pins = {**locked(), **OFFLINE_EXTRA}
-    missing = [n for n in names if _pin(n + "==")[0] not in pins]
-    if missing:
-        sys.exit(f"offline-wheels: {', '.join(missing)} not in requirements/lock.txt or bench.txt")
+    specs = offline_specs(names)
     dest.mkdir(parents=True, exist_ok=True)
-    specs = [f"{n}=={pins[_pin(n + '==')[0]]}" for n in names]
     built = [s for s in specs if s.startswith("deepspeed==")]
     platforms = [a for tag in MANYLINUX for a in ("--platform", tag)]
     pip_ = [sys.executable, "-m", "pip"]
