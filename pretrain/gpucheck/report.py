@@ -66,7 +66,8 @@ def markdown(data: dict[str, Any], stages: list[Stage]) -> str:
     lines = [
         f"Measured by `make gpu-check` on {meta.get('device', '?')} ({meta.get('mode', '?')} "
         f"mode), torch {meta.get('torch', '?')}, {meta.get('date', '?')}, "
-        f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits) or '?'} (each stage's below).",
+        f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits) or '?'} "
+        "(each stage's below).",
         "",
     ]
     for table, fields in TABLES.items():

@@ -2,9 +2,10 @@
 
 DeepSpeed owns the step: BF16 (or FP32) compute, gradient accumulation in FP32, FP32
 all-reduce, ZeRO 1/2, clipping, AdamW and the LR scheduler. The AdamW is DeepSpeed's
-FusedAdam on CUDA and torch's fused AdamW (a client optimizer) on CPU; see `optimizer_impl`. Its config is generated from
-ours (`deepspeed_config`), so batch sizes cannot disagree; `train.deepspeed` merges extra
-keys over it for advanced users. The loop that drives the engine is pretrain/train/trainer.py.
+FusedAdam on CUDA and torch's fused AdamW (a client optimizer) on CPU; see `optimizer_impl`.
+Its config is generated from ours (`deepspeed_config`), so batch sizes cannot disagree;
+`train.deepspeed` merges extra keys over it for advanced users. The loop that drives the
+engine is pretrain/train/trainer.py.
 """
 
 from __future__ import annotations
