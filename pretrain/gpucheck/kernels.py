@@ -16,8 +16,9 @@ where the releases differ from main, from the compiled v2.11.0, v2.12.0 and v2.1
 builds (libtorch_cuda.so: each `can_use_*`'s list of checks and their version constants).
 They are those releases' rules; `kernels_stage` compares them with torch's own selection
 on the GPU, so a later torch that changes them is flagged. Training is assumed (inputs
-that require grad), as the measured step is one. On the H200 (torch 2.11.0+cu130, cuDNN 9.19.0) torch's selection matched these rules for
-14 shapes (those of the run, fp32, head_dim 192 and 512, GQA, dropout, a mask).
+that require grad), as the measured step is one. On the H200 (torch 2.11.0+cu130, cuDNN
+9.19.0) torch's selection matched these rules for 14 shapes (those of the run, fp32,
+head_dim 192 and 512, GQA, dropout, a mask).
 
 - Priority (`priority_order`, `check_prefer_cudnn_attention`; default in ATen/Context.h):
   cuDNN, flash, memory-efficient, math when the runtime cuDNN is newer than 9.15.0 (its fix

@@ -58,9 +58,8 @@ class Meter:
     def clean(self) -> None:
         """Free what earlier runs left and take the allocated bytes as the zero."""
         gc.collect()
+        self.release_cache()
         if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
             self.base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
 
