@@ -36,6 +36,10 @@ class HookRecorder(Callback):
         self._record(trainer, "step_end", out.step, sorted(k for k in out.scalars if "/" in k))
         out.scalars["probe/steps_seen"] = self.steps_seen
 
+    def on_values(self, trainer, outs) -> None:
+        for out in outs:
+            self._record(trainer, "values", out.step, sorted(k for k in out.scalars if "/" in k))
+
     def on_evaluation(self, trainer, results) -> None:
         self._record(trainer, "evaluation", trainer.step, round(results["valid/loss"], 6))
 

@@ -31,10 +31,26 @@ def write_metrics(run, rows, resume_step=0):
     writer = MetricsFile()
     trainer = SimpleNamespace(is_main=True, layout=RunLayout(run), step=resume_step)
     writer.on_train_start(trainer)
-    for step, scalars in rows:
-        writer.on_step_end(
-            trainer, StepOutput(step, 0.0, None, 0.0, 0, 0.0, False, None, False, scalars=scalars)
+    outs = [
+        StepOutput(
+            step=step,
+            loss=0.0,
+            grad_norm=None,
+            lr=0.0,
+            tokens=0,
+            batch_token_sum=0.0,
+            stopping=False,
+            log=False,
+            verdict=None,
+            evaluation=None,
+            eval_seconds=0.0,
+            scalars=scalars,
+            events=(),
+            images={},
         )
+        for step, scalars in rows
+    ]
+    writer.on_values(trainer, outs)
     writer.on_fit_end(trainer, 0)
 
 
@@ -268,6 +284,7 @@ def _cell(xs):
 
 def test_loss_at_each_length_table_csv_and_plot(tmp_path, capsys):
     from pretrain.eval.compare import compare, position_curves
+    from pretrain.eval.position_plots import position_x
 
     a1 = make_run(tmp_path, "rope10k_seed1", 1, 10000.0, [(100, 3.5)])
     a2 = make_run(tmp_path, "rope10k_seed2", 2, 10000.0, [(100, 3.6)])
@@ -307,7 +324,7 @@ def test_loss_at_each_length_table_csv_and_plot(tmp_path, capsys):
     assert by["rope500", 1024]["length_loss_std"] == "" and by["rope500", 1024]["n"] == "1"
 
     # The plot's data: the longest length with disjoint windows (1024, not the 2048 windows
-    # that overlap), x at the bucket midpoints, mean and sample std over seeds per bucket.
+    # that overlap), x by position_plots' one rule, mean and sample std over seeds per bucket.
     _, groups = compare(runs)
     curves = {c.label: c for c in position_curves(groups)}
     assert set(curves) == {"rope10k", "rope500"}
@@ -315,7 +332,8 @@ def test_loss_at_each_length_table_csv_and_plot(tmp_path, capsys):
     assert (a.length, a.train_seq_len, a.n, b.n) == (1024, 256, 2, 1)
     edges = _bucket_edges(1024)
     assert edges[-3:] == [256, 512, 1024] and len(edges) == 259
-    assert a.x == [(s + e) / 2 for s, e in zip(edges, edges[1:], strict=False)]
+    assert a.spans == list(zip(edges, edges[1:], strict=False))
+    assert a.x == [position_x(s, e) for s, e in a.spans] and a.x[:2] == [1.0, 2.0]
     seed_buckets = [
         [bk["loss"] for bk in next(r for r in d["results"] if r["stride"] == 1024)["buckets"]]
         for d in (da1, da2)

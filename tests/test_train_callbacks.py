@@ -40,20 +40,28 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path, tmp_p
         ["step_end", 2],
         ["evaluation", 3],
         ["step_end", 3],
+        ["values", 1],
+        ["values", 2],
+        ["values", 3],
         ["save", 3],
         ["step_end", 4],
         ["step_end", 5],
         ["evaluation", 6],
         ["step_end", 6],
+        ["values", 4],
+        ["values", 5],
+        ["values", 6],
         ["save", 6],
         ["fit_end", 0],
     ]
-    # It runs after the built-in scalars are in and before the writers: it sees the step's
-    # evaluation, speed and logit scalars, and what it adds reaches metrics.jsonl.
+    # on_step_end runs after the built-in host scalars are in and before the writers: it
+    # sees the step's evaluation, speed and logit scalars, not yet its device values; what
+    # it adds reaches metrics.jsonl; on_values sees every scalar of the finished step.
     step3 = next(e for e in _events(events) if e[1:3] == ["step_end", 3])[3]
-    assert {"train/loss", "valid/loss", "perf/tokens_per_s", "stability/max_attn_logit"} <= set(
-        step3
-    )
+    assert {"valid/loss", "perf/tokens_per_s", "stability/max_attn_logit"} <= set(step3)
+    assert "train/loss" not in step3
+    values3 = next(e for e in _events(events) if e[1:3] == ["values", 3])[3]
+    assert set(step3) | {"train/loss", "train/grad_norm", "probe/steps_seen"} <= set(values3)
     assert metrics(tmp_path / "run")[5]["probe/steps_seen"] == 5
 
     # Its state is in the checkpoint: the resumed run (2 more steps) starts from 6 seen steps.
@@ -71,7 +79,8 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path, tmp_p
         ({"class": "no_such_module.Thing"}, "cannot import no_such_module"),
         (
             {"class": "pretrain.config.Config"},
-            "is not a subclass of pretrain.train.callbacks.Callback",
+            "is neither a pretrain.train.callbacks.Callback nor a "
+            "pretrain.train.evaluators.Evaluator subclass",
         ),
         ({"class": "callback_probe.HookRecorder", "outt": "x"}, "does not accept ['outt']"),
     ],

@@ -251,7 +251,7 @@ def test_steps_read_their_values_on_the_host_once_per_log_interval(
         ),
     )
     reads = HostReads(monkeypatch)
-    callbacks = [CountSteps(reads), *build_callbacks(cfg, save_checkpoints=False)]
+    callbacks = [CountSteps(reads), *build_callbacks(cfg)]
     assert Trainer(cfg, callbacks=callbacks, save_checkpoints=False).fit() == 0
     # train_batches: the data stream opened at the first step (a CPU index, no device).
     # rank_times: the straggler scalar's gather of each rank's own time (SpeedMonitor),

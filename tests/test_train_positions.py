@@ -1,10 +1,10 @@
-"""The optional PositionEvaluation callback: loss by position during training."""
+"""The optional PositionEvaluation evaluator: loss by position during training."""
 
 from __future__ import annotations
 
 from train_support import baseline_run, metrics, run_main, tiny_config, write_config
 
-from pretrain.train.callbacks.positions import position_ranges
+from pretrain.eval.positions import position_ranges
 
 
 def test_position_ranges_cover_the_sequence():
@@ -16,7 +16,7 @@ def test_training_logs_loss_by_position_that_averages_to_the_valid_loss(tmp_path
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     data, _ = baseline_run(tmp_path_factory)
-    cb = {"class": "pretrain.train.callbacks.positions.PositionEvaluation", "interval": 4}
+    cb = {"class": "pretrain.train.evaluators.PositionEvaluation", "interval": 4}
     cfg = tiny_config(tmp_path / "run", data)
     cfg["callbacks"] = [cb]
     r = run_main(write_config(tmp_path / "run.yaml", cfg))

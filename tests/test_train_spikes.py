@@ -53,9 +53,12 @@ class StateProbe(Callback):
                 if isinstance(v, torch.Tensor):
                     tensors.append(v.detach().clone())
         self.after[out.step] = tensors
-        self.verdicts[out.step] = out.verdict
         self.lrs[out.step] = out.lr
-        self.scalars[out.step] = dict(out.scalars)
+
+    def on_values(self, trainer, outs) -> None:  # the steps' verdicts and every scalar
+        for out in outs:
+            self.verdicts[out.step] = out.verdict
+            self.scalars[out.step] = dict(out.scalars)
 
 
 def _cfg(run, data, **sections) -> Config:

@@ -44,7 +44,7 @@ from pretrain.data.dataset import make_loader
 from pretrain.data.pipeline import DataSource
 from pretrain.errors import UserError
 from pretrain.run_layout import STATE_FILE, step_tag
-from pretrain.train.callbacks import Callback, Checkpointing, build_callbacks
+from pretrain.train.callbacks import Callback, build_callbacks
 from pretrain.train.trainer import train
 
 MODES = ("sync", "async")
@@ -111,9 +111,11 @@ def _config(args: argparse.Namespace, run_dir: str, mode: str) -> Config:
 
 
 class _Clock(Callback):
-    """Wall time at every step's end, at its place in the callback order."""
+    """Wall time at every step's end (the last callback; the trainer saves after it), and
+    when the step is done: its save returned (on_save), or at its end where it saved none."""
 
     def __init__(self) -> None:
+        self.ended: dict[int, float] = {}
         self.at: dict[int, float] = {}
         self.params = 0
 
@@ -122,7 +124,10 @@ class _Clock(Callback):
         self.params = sum(p.numel() for p in trainer.run.module.model.parameters())
 
     def on_step_end(self, trainer, out) -> None:
-        self.at[out.step] = time.time()
+        self.ended[out.step] = self.at[out.step] = time.time()
+
+    def on_save(self, trainer, folder) -> None:
+        self.at[trainer.step] = time.time()
 
 
 def _median(values: list[float]) -> float | None:
@@ -131,10 +136,8 @@ def _median(values: list[float]) -> float | None:
 
 def _measure(args: argparse.Namespace, root: Path, mode: str) -> dict:
     cfg = _config(args, str(root / mode), mode)
-    before, after = _Clock(), _Clock()  # just before Checkpointing, and last
-    callbacks = build_callbacks(cfg)
-    i = next(k for k, c in enumerate(callbacks) if isinstance(c, Checkpointing))
-    callbacks = [*callbacks[:i], before, *callbacks[i:], after]
+    after = _Clock()
+    callbacks = [*build_callbacks(cfg), after]
     n = cfg.train.train_iters * cfg.train.global_batch_size
     data = DataSource(RandomTokens(n, cfg.seq_len, cfg.model.vocab_size), None, make_loader)
     train(cfg, data, callbacks=callbacks)
@@ -163,7 +166,7 @@ def _measure(args: argparse.Namespace, root: Path, mode: str) -> dict:
         "step_s": statistics.median(steps[s] for s in plain),
         "step_s_beside_a_write": _median([steps[s] for s in plain if s in writing]),
         "step_s_alone": _median([steps[s] for s in plain if s not in writing]),
-        "stall_s": statistics.median(ends[s] - before.at[s] for s in saves),
+        "stall_s": statistics.median(ends[s] - after.ended[s] for s in saves),
         "window_s": sum(steps.values()),
         "window_steps": len(steps),
         "timed_saves": len(saves),

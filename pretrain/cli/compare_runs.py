@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.eval.compare import compare, markdown_report, position_curves, to_csv
-from pretrain.eval.compare_positions import plot_position_curves
 from pretrain.eval.lengths import parse_rope_scaling, scaling_tag
+from pretrain.eval.position_plots import plot_position_curves
 from pretrain.run_layout import atomic_write
 
 

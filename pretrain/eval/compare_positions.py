@@ -1,5 +1,5 @@
 """positions.json across runs: the file's schema, the mean loss-by-position curve of a group of
-seeds, and the plot of those curves.
+seeds (drawn by pretrain/eval/position_plots.py).
 
 `tools/evaluate.py --val --per-position --lengths 1x,2x,4x,8x` writes RUN/eval/<step>/positions.json:
 
@@ -17,11 +17,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from pretrain.eval.plots import save_png
-from pretrain.eval.positions import POSITIONS_JSON, Bucket, LengthResult
+from pretrain.eval.position_plots import position_x
+from pretrain.eval.positions import POSITIONS_JSON, Bucket, LengthResult, merge_buckets
 
 
 @dataclass(frozen=True)
@@ -133,10 +132,15 @@ class PositionCurve:
     label: str
     length: int
     train_seq_len: int
-    x: list[float]  # bucket midpoints (start + end) / 2: 0.5 for the first position
+    spans: list[tuple[int, int]]  # the buckets [start, end) of 0-based positions
     mean: list[float]
     std: list[float] | None  # sample std over seeds, None for one seed
     n: int  # seeds
+
+    @property
+    def x(self) -> list[float]:
+        """Where the plot draws each bucket."""
+        return [position_x(a, b) for a, b in self.spans]
 
 
 def coarsen(buckets: tuple[Bucket, ...], per_octave: int) -> tuple[Bucket, ...]:
@@ -147,12 +151,7 @@ def coarsen(buckets: tuple[Bucket, ...], per_octave: int) -> tuple[Bucket, ...]:
     groups: dict[int, list[Bucket]] = {}
     for b in buckets:
         groups.setdefault(math.floor(per_octave * math.log2(b.start + 1) + 1e-9), []).append(b)
-    out = []
-    for members in groups.values():
-        tokens = sum(b.tokens for b in members)
-        loss = sum(b.loss * b.tokens for b in members) / tokens if tokens else math.nan
-        out.append(Bucket(members[0].start, members[-1].end, loss, tokens))
-    return tuple(out)
+    return tuple(merge_buckets(members) for members in groups.values())
 
 
 def mean_curve(label: str, files: list[Positions], per_octave: int | None = None) -> PositionCurve:
@@ -179,45 +178,11 @@ def mean_curve(label: str, files: list[Positions], per_octave: int | None = None
         label=label,
         length=length,
         train_seq_len=max(train_lens),
-        x=[(a + b) / 2 for a, b in spans],
+        spans=spans,
         mean=[statistics.fmean(v) for v in values],
         std=[statistics.stdev(v) for v in values] if len(files) > 1 else None,
         n=len(files),
     )
-
-
-def plot_position_curves(curves: list[PositionCurve], out: str | Path) -> Path:
-    """Loss against position (log x) of each curve, ± std shaded for several seeds, and a dashed
-    line at each training length. Returns the PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    lengths = {c.length for c in curves}
-    for c in curves:
-        name = c.label if len(lengths) == 1 else f"{c.label} ({c.length} tokens)"
-        (line,) = ax.plot(c.x, c.mean, linewidth=1.4, label=f"{name}, {c.n} seed(s)")
-        if c.std is not None:
-            lo = [m - s for m, s in zip(c.mean, c.std, strict=True)]
-            hi = [m + s for m, s in zip(c.mean, c.std, strict=True)]
-            ax.fill_between(c.x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    train_lens = sorted({c.train_seq_len for c in curves})
-    for t in train_lens:
-        text = "training length" if len(train_lens) == 1 else f"training length {t}"
-        ax.axvline(t, color="black", linestyle="--", linewidth=1, label=text)
-    ax.set_xscale("log")
-    ax.set_xlabel("position in the window (tokens, log scale)")
-    ax.set_ylabel("loss (nats per token)")
-    window = f"{lengths.pop()}-token" if len(lengths) == 1 else "the longest"
-    ax.set_title(
-        f"loss by position, {window} disjoint windows (mean over seeds, ± std shaded)", fontsize=10
-    )
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_png(fig, out)
 
 
 __all__ = [
@@ -228,6 +193,5 @@ __all__ = [
     "length_titles",
     "mean_curve",
     "parse_positions",
-    "plot_position_curves",
     "scaling_text",
 ]

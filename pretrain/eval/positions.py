@@ -15,7 +15,9 @@ Two sources of windows:
   only its last `stride` targets, the ones no earlier window scored, with length - stride
   tokens of context before them). Stride = length is the disjoint windows exactly.
 
-Buckets: every position below 256, then four per octave (256, 304, 362, 431, 512, ...).
+Buckets: every position below 256, then four per octave (256, 304, 362, 431, 512, ...);
+the in-training scalars use coarser ranges (`position_ranges`). Plots of the buckets:
+pretrain/eval/position_plots.py.
 On several ranks, windows are dealt round-robin and the sums all-reduced: every rank gets
 the same result as one rank would.
 """
@@ -25,7 +27,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ import numpy as np
 import torch
 
 from pretrain.data.documents import DocumentSwitches
-from pretrain.eval.plots import save_png
+from pretrain.eval.position_plots import plot_positions
 from pretrain.model.loss import IGNORE_INDEX, token_losses
 from pretrain.run_layout import atomic_write
 
@@ -54,6 +57,15 @@ def bucket_edges(length: int) -> list[int]:
         edges.append(min(nxt, length))
         k += 1
     return edges
+
+
+def position_ranges(seq_len: int) -> list[tuple[int, int]]:
+    """[0, 16), [16, 256), then octaves [256, 512), ... up to seq_len."""
+    edges = [0, 16, 256]
+    while edges[-1] < seq_len:
+        edges.append(edges[-1] * 2)
+    edges = sorted({min(e, seq_len) for e in edges})
+    return list(zip(edges, edges[1:], strict=False))
 
 
 @dataclass
@@ -110,6 +122,15 @@ class Bucket:
     end: int
     loss: float
     tokens: int
+
+
+def merge_buckets(buckets: Iterable[Bucket]) -> Bucket:
+    """Adjacent buckets as one, its loss the token-weighted mean: the exact loss over all
+    their positions (NaN for no tokens)."""
+    members = list(buckets)
+    tokens = sum(b.tokens for b in members)
+    loss = sum(b.loss * b.tokens for b in members) / tokens if tokens else math.nan
+    return Bucket(members[0].start, members[-1].end, loss, tokens)
 
 
 @dataclass(frozen=True)
@@ -277,9 +298,9 @@ def positions_table(record: dict[str, Any]) -> str:
     ]
 
     def span(r: dict[str, Any], a: int, b: int) -> str:
-        sel = [x for x in r["buckets"] if x["start"] >= a and x["end"] <= b]
-        n = sum(x["tokens"] for x in sel)
-        return f"{sum(x['loss'] * x['tokens'] for x in sel) / n:.4f}" if n else "–"
+        sel = [Bucket(**x) for x in r["buckets"] if x["start"] >= a and x["end"] <= b]
+        merged = merge_buckets(sel) if sel else None
+        return f"{merged.loss:.4f}" if merged and merged.tokens else "–"
 
     for r in record["results"]:
         L = r["length"]
@@ -290,37 +311,6 @@ def positions_table(record: dict[str, Any]) -> str:
             f"{span(r, 0, 16)} | {span(r, 16, 256)} | {span(r, 3 * L // 4, L)} |"
         )
     return "\n".join(lines)
-
-
-def plot_positions(record: dict[str, Any], path: Path) -> Path:
-    """Loss vs position (log x), one curve per length, the training length marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for r in record["results"]:
-        mids = [(b["start"] + b["end"] - 1) / 2 + 1 for b in r["buckets"]]
-        ax.plot(
-            mids,
-            [b["loss"] for b in r["buckets"]],
-            label=f"window {r['length']}"
-            + (f", stride {r['stride']}" if r["stride"] != r["length"] else ""),
-            linewidth=1.2,
-        )
-    ax.axvline(record["train_seq_len"], color="black", linestyle="--", linewidth=1)
-    ax.text(record["train_seq_len"], ax.get_ylim()[1], " training length", va="top", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("position in the window (tokens of context)")
-    ax.set_ylabel("loss (nats/token)")
-    scaling = record.get("rope_scaling")
-    extra = f", rope scaling {scaling['type']} x{scaling['factor']:g}" if scaling else ""
-    ax.set_title(f"Loss by position: {record['label']}{extra}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_png(fig, path)
 
 
 def write_positions(record: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -340,8 +330,10 @@ __all__ = [
     "LengthResult",
     "PositionLosses",
     "bucket_edges",
+    "merge_buckets",
     "common_targets",
     "evaluate_length",
+    "position_ranges",
     "positions_record",
     "positions_table",
     "score_tokens",

@@ -144,6 +144,13 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_named(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sums over the ranks of named scalars of one dtype, in one collective (stacked, reduced,
+    handed back by name: no caller indexes a positional vector)."""
+    summed = all_reduce_sum(torch.stack([v.reshape(()) for v in values.values()]))
+    return dict(zip(values, summed.unbind(), strict=True))
+
+
 def barrier() -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()

@@ -1,38 +1,32 @@
 """The training module: what one optimizer step does to the model, beside the loop.
 
 `TrainModule` owns the DeepSpeed engine, the forward and backward of each micro batch, the
-optimizer step and the loss-spike guard that may withhold it. The loop (trainer.py) decides
-when to step, what data to read, when to save, evaluate and roll back; it never touches the
-engine's numerics. (OLMo-core splits its Trainer and TrainModule the same way.)
+optimizer step and the loss-spike guard that may withhold it, and records each step's
+values (pretrain/train/metrics.py). The loop (trainer.py) decides when to step, what data
+to read, when to save, evaluate and roll back; it never touches the engine's numerics.
+(OLMo-core splits its Trainer and TrainModule the same way.)
 
-    module = TrainModule(cfg, engine, world_size, faults, on_values)
+    module = TrainModule(cfg, engine, world_size, faults)
     for each micro batch:  loss, z = module.forward_backward(x, y, data_step, micro)
                            module.micro_step()            # not on the last micro batch
-    stats = all-reduced [loss, stop flag, token sum, z term] (the trainer's one collective)
-    stopping = module.stop_requested(stats[1])            # the previous step's flag, no wait
-    module.optimizer_step(step, data_step, stats)         # the guard may skip the update
-    module.defer(out)                                     # the step's values stay on the device
-    module.read()                                         # at logging steps: all of them, once
+    sums = all_reduce_named({loss, stop, batch_token_sum, z_loss})   # the trainer's one collective
+    stopping = module.stop_requested(sums["stop"])        # the previous step's flag, no wait
+    module.optimizer_step(record, data_step, sums)        # the guard may skip the update;
+                                                          # the step's values recorded on device
+    module.metrics.flush()                                # at logging steps: StepOutputs, once
 
-No wait for the GPU per step. On a GPU, reading a value the step computed (`float(loss)`)
-waits until the GPU has run everything queued before it, and the GPU then idles while the
-host queues the next step's kernels. The step's values (loss, gradient norm, token sum,
-z-loss term) stay on the device until `read`, which the trainer calls at logging steps
-(logging.log_interval) and at steps that evaluate, save or stop: one transfer for every
-step since the last read, then the guard's verdicts (StepGuard.judge, in order) and
-`on_values` for those steps. The pre-emption flag is needed every step: it is copied to
-the host without waiting, and read one step later (`stop_requested`). What still waits:
-the guard with spikes.skip_step or rollback_after (StepGuard.synchronous), DeepSpeed's own
-overflow check of bf16 ZeRO 0/1 and fp32 ZeRO 1/2 (a host read of a flag in its step), the
-first step's stop flag, and anything a callback reads (evaluation, probes, a user's
-callback reading a StepOutput's loss on every step). tests/test_train_module.py counts the
-host reads of a run.
+No wait for the GPU per step: the step's values stay on the device until the trainer's
+flush (metrics.py says when and why). The pre-emption flag is needed every step: it is
+copied to the host without waiting, and read one step later (`stop_requested`). What still
+waits: the guard with spikes.skip_step or rollback_after (StepGuard.synchronous),
+DeepSpeed's own overflow check of bf16 ZeRO 0/1 and fp32 ZeRO 1/2 (a host read of a flag in
+its step), the first step's stop flag, and what a callback reads (evaluation, probes).
+tests/test_train_module.py counts the host reads of a run.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,7 +35,8 @@ from pretrain.config import Config
 from pretrain.data.documents import model_inputs_of
 from pretrain.faults import DataFaults
 from pretrain.model.transformer import Transformer
-from pretrain.train.spikes import StepGuard, Unjudged, Verdict
+from pretrain.train.metrics import StepMetrics, StepRecord
+from pretrain.train.spikes import StepGuard
 
 
 class TrainModule:
@@ -51,7 +46,6 @@ class TrainModule:
         engine: Any,
         world_size: int,
         faults: DataFaults,
-        on_values: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -64,9 +58,7 @@ class TrainModule:
         # (the trainer adds it) and their forward passes, which no other rank can hold up
         # (no collective in a forward under ZeRO 0-2). Host clock: on a GPU, a slow host shows.
         self.own_seconds = 0.0
-        self.on_values = on_values  # called with the StepOutputs whose values `read` filled
-        self._step: tuple[Any, Verdict | Unjudged] | None = None  # optimizer_step's, for defer
-        self._deferred: list[tuple[Any, Any, Verdict | Unjudged]] = []  # (out, values, verdict)
+        self.metrics = StepMetrics(self.guard, z_loss=bool(cfg.train.z_loss))
         self._stop_copy: tuple[torch.Tensor, Any] | None = None  # (host copy, CUDA event)
 
     @property
@@ -102,56 +94,26 @@ class TrainModule:
         """DeepSpeed counts micro steps; off the accumulation boundary it updates nothing."""
         self.engine.step()
 
-    def optimizer_step(self, step: int, data_step: int, stats: torch.Tensor) -> None:
+    def optimizer_step(
+        self, record: StepRecord, data_step: int, sums: dict[str, torch.Tensor]
+    ) -> None:
         """The update, unless the guard judges the step a spike (loss known, grad norm after
-        the engine computed it) and withholds it. `stats`: the step's all-reduced sums [loss,
-        stop flag, token ids, z term, ...] (the trainer's collective), left on the device."""
-        loss = stats[0] / self.world_size
-        self.guard.begin(step, data_step, loss)
+        the engine computed it) and withholds it. `sums`: the step's all-reduced sums (the
+        trainer's collective: loss, batch_token_sum, z_loss), left on the device and
+        recorded with the step's gradient norm in `metrics`."""
+        loss = sums["loss"] / self.world_size
+        self.guard.begin(record.step, data_step, loss)
         self.engine.step()
         judged = self.guard.finish()
-        norm = judged.grad_norm
-        # One float64 vector per step: loss, token sum, z term, and the grad norm where it is
-        # a device tensor (DeepSpeed's; a float or None is kept as it is, NaN here).
-        if not isinstance(norm, torch.Tensor):
-            norm = stats.new_full((), float("nan"))
-        parts = [loss, stats[2], stats[3] / self.world_size, norm.reshape(()).to(stats.dtype)]
-        self._step = (torch.stack(parts), judged)
-
-    def defer(self, out: Any) -> None:
-        """The StepOutput of the step `optimizer_step` just took: its OnDevice fields wait for
-        `read` (callbacks/base.py)."""
-        values, judged = self._step
-        self._step = None
-        out.pending = self
-        self._deferred.append((out, values, judged))
-
-    def read(self) -> None:
-        """Every deferred step's values to the host in one transfer; their verdicts (in step
-        order), OnDevice fields and train/* scalars filled; then `on_values` with them."""
-        if not self._deferred:
-            return
-        rows = torch.stack([values for _, values, _ in self._deferred]).tolist()
-        outs = []
-        for (out, _, judged), row in zip(self._deferred, rows, strict=True):
-            loss, token_sum, z_term, norm = row
-            if not isinstance(judged.grad_norm, torch.Tensor):
-                norm = judged.grad_norm
-            verdict = judged
-            if isinstance(judged, Unjudged):
-                verdict = self.guard.judge(judged, loss, None if norm is None else float(norm))
-            out.pending = None
-            out.loss, out.grad_norm, out.batch_token_sum = loss, verdict.grad_norm, token_sum
-            out.verdict = verdict
-            out.scalars["train/loss"] = loss
-            if verdict.grad_norm is not None:
-                out.scalars["train/grad_norm"] = verdict.grad_norm
-            if self.cfg.train.z_loss:
-                out.scalars["train/z_loss"] = z_term
-            outs.append(out)
-        self._deferred.clear()
-        if self.on_values is not None:
-            self.on_values(outs)
+        values = {
+            "loss": loss,
+            "batch_token_sum": sums["batch_token_sum"],
+            "z_loss": sums["z_loss"] / self.world_size,
+        }
+        # DeepSpeed's norm is a device tensor; a float or None stays with the verdict.
+        if isinstance(judged.grad_norm, torch.Tensor):
+            values["grad_norm"] = judged.grad_norm
+        self.metrics.record(record, values, judged)
 
     def stop_requested(self, flag: torch.Tensor) -> bool:
         """Whether a rank asked to stop (`flag`: this step's all-reduced "signal received",
@@ -177,11 +139,11 @@ class TrainModule:
         self.guard.forget_flags()
 
     def state_dict(self) -> dict[str, Any]:
-        self.read()  # the guard's windows hold every step taken
+        self.metrics.read()  # the guard's windows hold every step taken
         return self.guard.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.read()  # steps taken before the load are judged before the guard is replaced
+        self.metrics.read()  # steps taken before the load are judged before it is replaced
         self.guard.load_state_dict(state)
 
 

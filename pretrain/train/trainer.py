@@ -1,25 +1,35 @@
 """The training loop: `Trainer(cfg).fit()`.
 
-    fit()                      set up, resume, then train_step() until train_iters
+    fit()                      set up, resume, then one step after another until train_iters
       setup()                  process group, data, DeepSpeed engine: one frozen RunContext
                                (self.run); resume from a checkpoint
-      train_step()             one optimizer step of the TrainModule (pretrain/train/module.py:
+      the life of a step:
+        train_step()           one optimizer step of the TrainModule (pretrain/train/module.py:
                                forward/backward per micro batch, the guarded update), one
-                               all-reduce; evaluation when due; returns a StepOutput
+                               all-reduce; the step's values recorded on the device; returns
+                               its StepRecord (pretrain/train/metrics.py)
+        evaluators             the due ones (pretrain/train/evaluators/: validation, loss by
+                               position, ...), in the watchdog's slow phase, outside tokens/s
+        on_step_end            callbacks add host scalars to the record
+        flush()                at logging steps and before a save, stop or rollback: the
+                               steps' values read in one transfer, judged by the spike guard,
+                               published once in step order (on_values: console, writers)
+        checkpoint schedule    save when due (pretrain/train/checkpoint_schedule.py)
       rollback()               back to the checkpoint before a run of loss spikes, skipping
                                their data (spikes.rollback_after; pretrain/train/recovery.py)
       callbacks                everything else, on a few hooks (pretrain/train/callbacks/):
                                hang watchdog, console, metrics, TensorBoard, W&B, speed and
-                               MFU, spikes, attention logits, evaluation, checkpoints, pre-emption
+                               MFU, spikes, attention logits, pre-emption
 
 The numerics live in the TrainModule; a callback reads a few names of the trainer
-(callbacks/base.py) and the StepOutput, and may save or ask to stop (`stop_signal`: the
-step ends, a checkpoint is saved, exit EXIT_PREEMPTED = 99, which Slurm requeues on; a hang
-exits EXIT_HUNG = 124, pretrain/train/watchdog.py, requeued too).
+(callbacks/base.py) and the step's record or output, and may save or ask to stop
+(`stop_signal`: the step ends, a checkpoint is saved, exit EXIT_PREEMPTED = 99, which Slurm
+requeues on; a hang exits EXIT_HUNG = 124, pretrain/train/watchdog.py, requeued too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -31,15 +41,18 @@ import yaml
 from pretrain.config import Config, ConfigError, to_dict
 from pretrain.config_checks import check_run, grad_accum_steps
 from pretrain.data.pipeline import DataSource, build_data
-from pretrain.eval.metrics import evaluate_loss, text_per_token
+from pretrain.eval.metrics import text_per_token
 from pretrain.faults import DataFaults, fault_point
 from pretrain.model.weights import save_weights
 from pretrain.run_layout import ROLLBACKS_FILE, RunLayout, atomic_write
 from pretrain.train import distributed as dist_utils
-from pretrain.train.callbacks import Callback, StepOutput, build_callbacks
+from pretrain.train.callbacks import Callback, build_callbacks, build_evaluators
 from pretrain.train.checkpoint import Checkpointer, find_resume_tag, save_failed
+from pretrain.train.checkpoint_schedule import CheckpointSchedule
 from pretrain.train.context import RunContext
 from pretrain.train.engine import PlanRecompute, build_engine, resolve_recompute
+from pretrain.train.evaluators import Evaluator
+from pretrain.train.metrics import StepRecord
 from pretrain.train.module import TrainModule
 from pretrain.train.recovery import (
     check_same_model,
@@ -51,7 +64,10 @@ from pretrain.train.recovery import (
     warn_config_changes,
 )
 from pretrain.train.spikes import Rollback, read_rollbacks
-from pretrain.train.watchdog import EXIT_HUNG  # 124: the hang watchdog ended the run; requeue
+from pretrain.train.watchdog import (
+    EXIT_HUNG,  # 124: the hang watchdog ended the run; requeue
+    slow_phase,
+)
 
 EXIT_OK = 0
 EXIT_PREEMPTED = 99  # a signal-triggered checkpoint was written; requeue and re-run
@@ -62,7 +78,8 @@ class Trainer:
 
     `data` replaces the megatron-core pipeline (in-memory datasets for tests and the
     throughput benchmark); `callbacks` replaces the ones the config chooses
-    (`build_callbacks(cfg)`); `save_checkpoints=False` writes none (the benchmark).
+    (`build_callbacks(cfg)`; the evaluators stay the config's); `save_checkpoints=False`
+    writes none (the benchmark).
     `plan_recompute(cfg, world_size, device) -> layers` decides `activation_checkpointing:
     auto` (the program passes the planner's; training itself never imports the planner).
     """
@@ -78,9 +95,9 @@ class Trainer:
         self.cfg = cfg
         self.given_data = data
         self.plan_recompute = plan_recompute
-        self.callbacks = (
-            callbacks if callbacks is not None else build_callbacks(cfg, save_checkpoints)
-        )
+        self.callbacks = callbacks if callbacks is not None else build_callbacks(cfg)
+        self.checkpoints = CheckpointSchedule(cfg.checkpoint.interval) if save_checkpoints else None
+        self.evaluators: list[Evaluator] = []  # built by setup(), once the data is known
         self.layout = RunLayout(cfg.logging.run_dir, cfg.checkpoint.dir)
         self.resolved: dict[str, Any] = to_dict(cfg)
         self.run: RunContext | None = None  # built by setup()
@@ -106,28 +123,40 @@ class Trainer:
                 self.log(f"run already finished: step {self.step} >= train.train_iters={iters}")
                 exit_code = EXIT_OK
                 return exit_code
+            for evaluator in self.evaluators:
+                evaluator.setup(self)
+            if self.checkpoints is not None:
+                self.checkpoints.start(self)
             self.fire("on_train_start")
             self.train_started = True
-            while self.step < self.cfg.train.train_iters:
-                out = self.train_step()
-                if out.evaluation:
-                    self.fire("on_evaluation", out.evaluation)
-                self.fire("on_step_end", out)
-                if out.stopping:
+            while self.step < iters:
+                record = self.train_step()
+                last = self.step == iters
+                self._evaluate(record, last)
+                self.fire("on_step_end", record)
+                saving = self.checkpoints is not None and self.checkpoints.due(
+                    self.step, last, record.stopping
+                )
+                if record.log or record.evaluation or saving or record.stopping:
+                    self.flush()
+                if saving:
+                    self.checkpoints.save(self, last, record.stopping)
+                if record.stopping:
                     exit_code = EXIT_PREEMPTED
                     break
                 first = self.run.module.rollback_due(self.step)
                 if first is not None:
+                    self.flush()
                     self.rollback(*first)
             else:
                 exit_code = EXIT_OK
         finally:
             self._batches = None  # stop its workers now: collected in a cycle, each waited 5 s
-            self.fire("on_fit_end", exit_code)
+            self._end(exit_code)
         dist_utils.barrier()
         return exit_code
 
-    def train_step(self) -> StepOutput:
+    def train_step(self) -> StepRecord:
         """One optimizer step over `grad_accum` micro batches of this rank."""
         run, module = self.run, self.run.module
         lr = module.lr
@@ -152,50 +181,73 @@ class Trainer:
         # One collective per step, before the update (the guard judges the step on it): the
         # global mean loss, "did any rank get a signal", the sum of the step's token ids (a
         # fingerprint that shows a resume read the same data) and the z-loss term.
-        flag = torch.tensor(
-            float(self.stop_signal is not None), dtype=torch.float64, device=run.device
+        sums = dist_utils.all_reduce_named(
+            {
+                "loss": loss_sum / run.grad_accum,
+                "stop": torch.tensor(
+                    float(self.stop_signal is not None), dtype=torch.float64, device=run.device
+                ),
+                "batch_token_sum": token_sum,
+                "z_loss": z_sum / run.grad_accum,
+            }
         )
-        stats = dist_utils.all_reduce_sum(
-            torch.stack([loss_sum / run.grad_accum, flag, token_sum, z_sum / run.grad_accum])
-        )
-        # The step's values stay on the device; read once per log interval (train/module.py).
-        stopping = module.stop_requested(stats[1])
-        module.optimizer_step(self.step, data_step, stats)
-        t0, evaluation = time.perf_counter(), self.evaluate() if self._eval_due() else None
-        out = StepOutput(
+        stopping = module.stop_requested(sums["stop"])
+        record = StepRecord(
             step=self.step,
-            loss=None,
-            grad_norm=None,
             lr=lr,
             tokens=run.tokens_per_step,
-            batch_token_sum=None,
             stopping=stopping,
             first_input=first,
             log=self._is_log_step(stopping),
-            scalars={"train/lr": lr, **(evaluation or {})},
-            evaluation=evaluation,
-            eval_seconds=time.perf_counter() - t0 if evaluation else 0.0,
         )
-        module.defer(out)
-        if out.log or evaluation or self.step % self.cfg.checkpoint.interval == 0:
-            module.read()
-        return out
+        module.optimizer_step(record, data_step, sums)
+        return record
 
-    def evaluate(self) -> dict[str, float]:
-        """valid/* over the same train.eval_iters global batches of validation data."""
-        run = self.run
-        batches = run.data.valid_batches(
-            self.cfg, run.env, self.cfg.train.eval_iters * run.grad_accum
-        )
-        results = evaluate_loss(run.module.model, batches, **run.text_units)
-        results.pop("tokens", None)
-        return {f"valid/{k}": v for k, v in results.items()}
+    def _evaluate(self, record: StepRecord, last: bool) -> None:
+        """The evaluators due after this step, in the watchdog's slow phase; their results go
+        into the step's record (and on_evaluation), their time out of tokens/s."""
+        due = [e for e in self.evaluators if e.due(self.step, last, record.stopping)]
+        if not due:
+            return
+        t0, results = time.perf_counter(), {}
+        # The RNG as training left it, whatever the evaluators draw (a DataLoader draws its
+        # base seed from torch's generator): the training trajectory does not depend on how
+        # often, or whether, a run evaluates.
+        cuda = [self.run.device] if self.run.device.type == "cuda" else []
+        with slow_phase("an evaluation"), torch.random.fork_rng(devices=cuda):
+            for evaluator in due:
+                results.update(evaluator.run(self, record))
+        record.eval_seconds = time.perf_counter() - t0
+        record.evaluation = results
+        record.scalars.update(results)
+        self.fire("on_evaluation", results)
+
+    def flush(self) -> None:
+        """Publish every step taken and not yet published: on_values, in step order."""
+        outs = self.run.module.metrics.flush()
+        if outs:
+            self.fire("on_values", outs)
+
+    def _end(self, exit_code: int | None) -> None:
+        """The run's end, on every path: what is left published (a run that failed on the
+        device may fail to read: what was read is written), saves in flight landed, then
+        on_fit_end."""
+        if self.run is not None:
+            if exit_code is None:
+                with contextlib.suppress(Exception):
+                    self.flush()
+                self.run.module.metrics.drop()
+            else:
+                self.flush()
+        if self.checkpoints is not None:
+            self.checkpoints.end(self, exit_code)
+        self.fire("on_fit_end", exit_code)
 
     def rollback(self, first_step: int, first_data_step: int) -> None:
         """Back to the newest checkpoint before `first_step` (the first flagged step of a run
         of spikes), skipping its data (pretrain/train/recovery.py plan_rollback). Every rank
         calls it, with the same arguments."""
-        self.run.checkpointer.wait()  # a save in flight (checkpoint.async) lands first
+        self.wait_for_saves()  # a save in flight (checkpoint.async) lands first
         self.run.module.forget_flags()
         at, first = (self.step, self.consumed), (first_step, first_data_step)
         planned = plan_rollback(
@@ -247,13 +299,12 @@ class Trainer:
             text_units=text_per_token(data.tokenizer, data.valid)
             if eval_enabled and env.is_main
             else {},
-            module=TrainModule(
-                cfg, engine, env.world_size, faults, lambda outs: self.fire("on_values", outs)
-            ),
+            module=TrainModule(cfg, engine, env.world_size, faults),
             checkpointer=Checkpointer(
                 self.layout.checkpoints, cfg.checkpoint, env.rank, env.world_size
             ),
         )
+        self.evaluators = build_evaluators(cfg, eval_enabled)
         self.rollbacks = read_rollbacks(self.layout.root) if cfg.checkpoint.resume else []
         if not cfg.checkpoint.resume and self.is_main:  # a run started over forgets them
             (self.layout.root / ROLLBACKS_FILE).unlink(missing_ok=True)
@@ -281,7 +332,8 @@ class Trainer:
 
     def _load(self, tag: str) -> None:
         """Restore checkpoint `tag`: engine, step, data position and callback state."""
-        state = self.run.checkpointer.load(self.run.module.engine, tag, self.cfg.train.seed)
+        with slow_phase("a checkpoint"):
+            state = self.run.checkpointer.load(self.run.module.engine, tag, self.cfg.train.seed)
         self.step, self.consumed = state["step"], state["consumed_samples"]
         if self.consumed % self.cfg.train.global_batch_size:
             raise ConfigError(
@@ -325,13 +377,19 @@ class Trainer:
             "config": self.resolved,
         }
         try:
-            folder = self.run.checkpointer.save(
-                self.run.module.engine, self.step, state, self._write_weights
-            )
+            with slow_phase("a checkpoint"):
+                folder = self.run.checkpointer.save(
+                    self.run.module.engine, self.step, state, self._write_weights
+                )
         except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
             raise save_failed(e, self.layout.checkpoints, self.step) from None
         self.fire("on_save", folder)
         return folder
+
+    def wait_for_saves(self) -> None:
+        """Until a save in flight (checkpoint.async) is on disk; its error, if it failed."""
+        with slow_phase("a checkpoint"):
+            self.run.checkpointer.wait()
 
     def fire(self, hook: str, *args: Any) -> None:
         for cb in self.callbacks:
@@ -365,10 +423,6 @@ class Trainer:
     def _is_log_step(self, stopping: bool) -> bool:
         last = self.step == self.cfg.train.train_iters
         return self.step % self.cfg.logging.log_interval == 0 or last or stopping
-
-    def _eval_due(self) -> bool:
-        last = self.step == self.cfg.train.train_iters
-        return self.run.eval_enabled and (self.step % self.cfg.train.eval_interval == 0 or last)
 
 
 def train(cfg: Config, data: DataSource | None = None, **kwargs: Any) -> int:

@@ -21,8 +21,8 @@ process or by torchrun's agent), which a thread can use while its main thread is
 
 A rank is *overdue* when its main thread made no progress for `timeout` seconds, or for
 `long_timeout` before the first step of this start completed (compile, data workers, the
-first collectives) and while its stack is in a slow phase (SLOW_PHASES: a checkpoint being
-written or loaded, an evaluation). It is *silent* when its heartbeat has not changed for
+first collectives) and while its main thread is inside a slow phase (`slow_phase`: the
+trainer declares a checkpoint being written, loaded or waited for, and every evaluation). It is *silent* when its heartbeat has not changed for
 `timeout` seconds (its process is gone or frozen). Asking every rank to be overdue gives a
 rank that is legitimately busy (rank 0 writing the weights file while the others wait in a
 barrier) its own allowance. A rank that cannot reach the store (the process hosting it is
@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -55,10 +55,6 @@ import torch.distributed as dist
 from pretrain.run_layout import atomic_write
 
 EXIT_HUNG = 124
-# The main thread is in a slow phase (the long allowance) while its stack holds a frame of
-# one of these modules: a checkpoint written or loaded (a save, a resume, a rollback), an
-# evaluation.
-SLOW_PHASES = {"pretrain.train.checkpoint": "a checkpoint", "pretrain.eval.": "an evaluation"}
 KEY = "pretrain/watchdog"
 
 
@@ -74,19 +70,32 @@ def ranks_text(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
+_phase: str | None = None  # the slow phase the main thread is in (slow_phase), or None
+
+
+@contextlib.contextmanager
+def slow_phase(what: str) -> Iterator[None]:
+    """Declares that the main thread is doing something that may outlast train.hang_timeout
+    (`what`: "a checkpoint", "an evaluation"): the watchdog allows train.hang_timeout_long
+    while inside. Declared by the code that starts the work, so that where the time goes
+    (a library, a collective, a data worker) cannot hide it."""
+    global _phase
+    previous, _phase = _phase, what
+    try:
+        yield
+    finally:
+        _phase = previous
+
+
+def current_phase() -> str | None:
+    return _phase
+
+
 def main_thread_position(frame) -> dict[str, Any]:
-    """Where a stack is: inside a torch.distributed collective (its name), in a slow phase,
-    or elsewhere (its innermost frame and source line)."""
+    """Where a stack is: inside a torch.distributed collective (its name) or elsewhere (its
+    innermost frame and source line); and the slow phase the main thread declared."""
     stack = traceback.extract_stack(frame)
-    modules = []
-    f = frame
-    while f is not None:
-        modules.append(f.f_globals.get("__name__", ""))
-        f = f.f_back
-    phase = next(
-        (name for m in modules for prefix, name in SLOW_PHASES.items() if m.startswith(prefix)),
-        None,
-    )
+    phase = current_phase()
     for s in reversed(stack):
         if "/torch/distributed/" in s.filename.replace(os.sep, "/") and s.name != "wrapper":
             return {"collective": s.name, "phase": phase, "where": f"in a collective ({s.name})"}
@@ -380,11 +389,12 @@ def default_store() -> Any:
 
 __all__ = [
     "EXIT_HUNG",
-    "SLOW_PHASES",
     "Watchdog",
     "default_store",
     "format_stacks",
+    "current_phase",
     "main_thread_position",
+    "slow_phase",
     "ranks_text",
     "short_path",
 ]

@@ -2,8 +2,12 @@
 
 The config chooses them (`build_callbacks`): the built-in ones below, configured by the
 `logging`, `checkpoint` and `wandb` sections, then the user's own from `callbacks:` (a
-dotted class path and its arguments), which run after evaluation and before the writers,
-so they see every built-in scalar of the step and may add their own.
+dotted class path and its arguments), which run after the built-in ones and before the
+writers: in on_step_end they see every built-in host scalar of the step and may add their
+own; in on_values every scalar of the finished step. A `callbacks:` entry may also name an
+evaluator (pretrain/train/evaluators/): the trainer runs it on its schedule.
+Checkpoints and evaluations are not callbacks: the trainer owns them as components
+(pretrain/train/checkpoint_schedule.py, pretrain/train/evaluators/).
 """
 
 from __future__ import annotations
@@ -13,8 +17,7 @@ import inspect
 from typing import Any
 
 from pretrain.config import ConfigError
-from pretrain.train.callbacks.base import Callback, StepOutput
-from pretrain.train.callbacks.checkpointing import Checkpointing
+from pretrain.train.callbacks.base import Callback, StepOutput, StepRecord
 from pretrain.train.callbacks.console import ConsoleProgress, Samples
 from pretrain.train.callbacks.evaluation import Evaluation
 from pretrain.train.callbacks.hang import HangWatchdog
@@ -23,12 +26,14 @@ from pretrain.train.callbacks.preemption import Preemption
 from pretrain.train.callbacks.speed import SpeedMonitor
 from pretrain.train.callbacks.spikes import SpikeMonitor
 from pretrain.train.callbacks.writers import MetricsFile, TensorBoard, WandbLogger
+from pretrain.train.evaluators import Evaluator, Validation
 
 
-def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
-    """The callbacks a config asks for, in the order they run on each hook."""
+def build_callbacks(cfg) -> list[Callback]:
+    """The callbacks a config asks for, in the order they run on each hook (the evaluators
+    among `callbacks:` are the trainer's: `build_evaluators`)."""
     log, t = cfg.logging, cfg.train
-    # The watchdog first: a step's heartbeat before its save, the end before anything else.
+    # The watchdog first: a step's heartbeat before anything else, the end too.
     out: list[Callback] = (
         [HangWatchdog(t.hang_timeout, t.hang_timeout_long)] if t.hang_timeout else []
     )
@@ -38,15 +43,14 @@ def build_callbacks(cfg, save_checkpoints: bool = True) -> list[Callback]:
     out += [ConsoleProgress(), Evaluation()]
     for i, spec in enumerate(cfg.callbacks):
         cls = callback_class(spec, f"callbacks[{i}]")
-        out.append(cls(**{k: v for k, v in spec.items() if k != "class"}))
+        if issubclass(cls, Callback):
+            out.append(cls(**{k: v for k, v in spec.items() if k != "class"}))
     out.append(MetricsFile())
     if log.tensorboard:
         out.append(TensorBoard())
     if cfg.wandb.enabled:
         w = cfg.wandb
         out.append(WandbLogger(w.project, w.entity, w.name, w.group, w.tags, w.mode))
-    if save_checkpoints:
-        out.append(Checkpointing())
     out.append(Samples())
     out.append(_EndSummary())
     return out
@@ -70,9 +74,10 @@ def callback_class(spec: dict[str, Any], key: str = "callbacks[0]") -> type:
             f"or install its package"
         ) from None
     cls = getattr(module, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+    if not (isinstance(cls, type) and issubclass(cls, Callback | Evaluator)):
         raise ConfigError(
-            f"{key}.class={path!r} is not a subclass of pretrain.train.callbacks.Callback"
+            f"{key}.class={path!r} is neither a pretrain.train.callbacks.Callback nor a "
+            f"pretrain.train.evaluators.Evaluator subclass"
         )
     kwargs = {k: v for k, v in spec.items() if k != "class"}
     try:
@@ -80,6 +85,19 @@ def callback_class(spec: dict[str, Any], key: str = "callbacks[0]") -> type:
     except TypeError as e:
         raise ConfigError(f"{key}: {path} does not accept {sorted(kwargs)} ({e})") from None
     return cls
+
+
+def build_evaluators(cfg, eval_enabled: bool) -> list[Evaluator]:
+    """The evaluators a run has: validation (train.eval_interval) and the `callbacks:`
+    entries that name an evaluator. Without validation data none runs: each scores it."""
+    if not eval_enabled:
+        return []
+    out: list[Evaluator] = [Validation(cfg.train.eval_interval)]
+    for i, spec in enumerate(cfg.callbacks):
+        cls = callback_class(spec, f"callbacks[{i}]")
+        if issubclass(cls, Evaluator):
+            out.append(cls(**{k: v for k, v in spec.items() if k != "class"}))
+    return out
 
 
 class _EndSummary(Callback):
@@ -94,7 +112,6 @@ class _EndSummary(Callback):
 __all__ = [
     "Callback",
     "callback_class",
-    "Checkpointing",
     "ConsoleProgress",
     "Evaluation",
     "HangWatchdog",
@@ -105,7 +122,9 @@ __all__ = [
     "SpeedMonitor",
     "SpikeMonitor",
     "StepOutput",
+    "StepRecord",
     "TensorBoard",
     "WandbLogger",
     "build_callbacks",
+    "build_evaluators",
 ]

@@ -74,9 +74,12 @@ class ConsoleProgress(Callback):
             trainer.log("loss spikes: " + policy)
         self.t_start = time.perf_counter()
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
-        if not out.log:
-            return
+    def on_values(self, trainer, outs: list[StepOutput]) -> None:
+        for out in outs:
+            if out.log:
+                self._line(trainer, out)
+
+    def _line(self, trainer, out: StepOutput) -> None:
         s = out.scalars
         tps, mfu = s.get("perf/tokens_per_s", float("nan")), s.get("perf/mfu", float("nan"))
         # The peak is a GPU's (logging.peak_tflops); measured against a CPU it means nothing.

@@ -1,4 +1,5 @@
-"""The console line of a validation pass (the trainer evaluates; see Trainer.evaluate)."""
+"""The console line of a validation pass (the trainer runs its evaluators:
+pretrain/train/evaluators/)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from pretrain.train.callbacks.base import Callback, StepOutput
 class Evaluation(Callback):
     """Validation loss, perplexity and bits per token / byte / character: every
     train.eval_interval steps (and at the last), over the same train.eval_iters global batches
-    of validation data each time. The trainer adds the scalars valid/* to the step's; this
-    prints the line."""
+    of validation data each time (the Validation evaluator). This prints its line after the
+    step's own."""
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
-        r = out.evaluation
-        if not r:
-            return
+    def on_values(self, trainer, outs: list[StepOutput]) -> None:
+        for out in outs:
+            r = out.evaluation
+            if r and "valid/loss" in r:
+                self._line(trainer, out, r)
+
+    def _line(self, trainer, out: StepOutput, r) -> None:
         bpb, bpc = r.get("valid/bits_per_byte"), r.get("valid/bits_per_char")
         trainer.log(
             f"step {out.step} | valid loss {r['valid/loss']:.4f} | "

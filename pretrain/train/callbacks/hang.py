@@ -4,7 +4,7 @@ step's heartbeat comes before its save and the end reaches it before anything el
 
 from __future__ import annotations
 
-from pretrain.train.callbacks.base import Callback, StepOutput
+from pretrain.train.callbacks.base import Callback, StepRecord
 from pretrain.train.watchdog import Watchdog, default_store
 
 
@@ -39,7 +39,7 @@ class HangWatchdog(Callback):
             f"while saving, loading or evaluating); on a hang, stacks go to {layout.hang}/"
         )
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
+    def on_step_end(self, trainer, out: StepRecord) -> None:
         if self.watchdog is not None:
             self.watchdog.beat(out.step)
 

@@ -5,7 +5,7 @@ NoPE's loss spikes, and that QK-Norm keeps bounded. Computed on demand by forwar
 from __future__ import annotations
 
 from pretrain.model.probes import max_attention_logits
-from pretrain.train.callbacks.base import Callback, StepOutput
+from pretrain.train.callbacks.base import Callback, StepRecord
 
 
 class MaxLogitMonitor(Callback):
@@ -15,7 +15,7 @@ class MaxLogitMonitor(Callback):
     def __init__(self, interval: int = 100) -> None:
         self.interval = interval
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
+    def on_step_end(self, trainer, out: StepRecord) -> None:
         if out.step % self.interval or out.first_input is None:
             return
         logits = max_attention_logits(trainer.run.module.model, out.first_input)

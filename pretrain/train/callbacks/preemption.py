@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from pretrain.train.callbacks.base import Callback, StepOutput
+from pretrain.train.callbacks.base import Callback, StepRecord
 
 
 class Preemption(Callback):
@@ -24,7 +24,7 @@ class Preemption(Callback):
         for s in self.SIGNALS:
             self._previous[s] = signal.signal(s, handler)
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
+    def on_step_end(self, trainer, out: StepRecord) -> None:
         if out.stopping:
             sig = trainer.stop_signal
             name = signal.Signals(sig).name if sig else "a signal on another rank"

@@ -10,7 +10,7 @@ import time
 import torch
 
 from pretrain.train import distributed as dist_utils
-from pretrain.train.callbacks.base import Callback, StepOutput
+from pretrain.train.callbacks.base import Callback, StepRecord
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -47,7 +47,7 @@ class SpeedMonitor(Callback):
     """perf/* and progress/* scalars on logged steps.
 
     Tokens per second and MFU count the steps since the last logged step, leaving out time
-    spent evaluating and saving. MFU = flops_per_token x tokens/s / (logging.peak_tflops x
+    spent in evaluators (every one the trainer ran: StepRecord.eval_seconds) and saving. MFU = flops_per_token x tokens/s / (logging.peak_tflops x
     ranks): the model's FLOPs (6N + attention), not the executed ones with recompute.
     Stragglers: every rank's own time per step over the same steps (reading its micro
     batches and their forward passes: TrainModule.own_seconds, which waiting for other
@@ -58,24 +58,26 @@ class SpeedMonitor(Callback):
         self.flops_per_token = trainer.run.module.model.flops_per_token(trainer.cfg.seq_len)
         self.peak = trainer.cfg.logging.peak_tflops * 1e12 * trainer.run.env.world_size
         self._reset()
-        self.window_start, self.steps = time.perf_counter(), 0
+        self._new_window()
+
+    def _new_window(self) -> None:
+        # perf/step_time_s: wall time per step over the log window, saves included (what an
+        # ETA needs), evaluations not (their cost is their own, logged as eval seconds)
+        self.window_start, self.steps, self.window_eval_seconds = time.perf_counter(), 0, 0.0
 
     def _reset(self) -> None:
         self.t0, self.tokens, self.eval_seconds = time.perf_counter(), 0, 0.0
 
-    def on_values(self, trainer, outs: list[StepOutput]) -> None:
-        for out in outs:
-            out.scalars["progress/batch_token_sum"] = out.batch_token_sum
-
-    def on_step_end(self, trainer, out: StepOutput) -> None:
+    def on_step_end(self, trainer, out: StepRecord) -> None:
         self.tokens += out.tokens
         self.steps += 1
         self.eval_seconds += out.eval_seconds  # inside the step's wall time, not training
+        self.window_eval_seconds += out.eval_seconds
         if not out.log:
             return
         tps = self.tokens / max(time.perf_counter() - self.t0 - self.eval_seconds, 1e-9)
         self._reset()
-        step_time = (time.perf_counter() - self.window_start - out.eval_seconds) / max(
+        step_time = (time.perf_counter() - self.window_start - self.window_eval_seconds) / max(
             1, self.steps
         )
         run, module = trainer.run, trainer.run.module
@@ -84,7 +86,7 @@ class SpeedMonitor(Callback):
         out.scalars.update(
             straggler_scalars(rank_times(own, run.env.rank, run.env.world_size, run.device))
         )
-        self.window_start, self.steps = time.perf_counter(), 0
+        self._new_window()
         out.scalars.update(
             {
                 "perf/tokens_per_s": tps,
@@ -104,5 +106,5 @@ class SpeedMonitor(Callback):
 
     def on_rollback(self, trainer, rollback) -> None:
         self._reset()  # loading the checkpoint is not training time
-        self.window_start, self.steps = time.perf_counter(), 0
+        self._new_window()
         trainer.run.module.own_seconds = 0.0

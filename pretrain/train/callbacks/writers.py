@@ -1,16 +1,14 @@
 """Where the scalars go: the run's metrics file, TensorBoard, Weights & Biases. Rank 0 writes.
 
-Every step is written, once its values are read from the device (StepOutput's OnDevice
-fields: at logging steps, and at steps that evaluate, save or stop), in step order: the
-steps in between wait in `Unread`. After a resume from step k, lines and TensorBoard events
-past k (written by the run that died) are dropped, so curves never hold two histories; a
-rollback to step k drops them the same way and records itself at step k (spikes/rollbacks,
-spikes/rollback_from).
+Every step is written once, in step order, when the trainer publishes it (`on_values`:
+at logging steps and before a save, a stop, a rollback and the end; pretrain/train/
+metrics.py). After a resume from step k, lines and TensorBoard events past k (written by the
+run that died) are dropped, so curves never hold two histories; a rollback to step k drops
+them the same way and records itself at step k (spikes/rollbacks, spikes/rollback_from).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 from typing import Any
@@ -42,39 +40,12 @@ def _clean(scalars: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in scalars.items() if v is not None}
 
 
-class Unread:
-    """The steps a writer has been given and not written: `ready(out)` adds one and returns
-    those whose values are read, in order (reads fill every pending step up to the newest,
-    so they are the oldest ones); `rest()` forces a read of the others (the end of a run)."""
-
-    def __init__(self) -> None:
-        self.outs: list[StepOutput] = []
-
-    def ready(self, out: StepOutput | None = None) -> list[StepOutput]:
-        if out is not None:
-            self.outs.append(out)
-        n = next((i for i, o in enumerate(self.outs) if o.pending is not None), len(self.outs))
-        ready, self.outs = self.outs[:n], self.outs[n:]
-        return ready
-
-    def rest(self) -> list[StepOutput]:
-        if self.outs and self.outs[-1].pending is not None:
-            # A run that failed on the device may fail to read: what was read is written.
-            with contextlib.suppress(Exception):
-                self.outs[-1].pending.read()
-        return self.ready()
-
-    def drop_after(self, step: int) -> None:
-        self.outs = [o for o in self.outs if o.step <= step]
-
-
 class MetricsFile(Callback):
     """The run's metrics file (pretrain.run_layout): one JSON object per step, {"step": 120, "train/loss": 3.1, ...}, so tools
     read runs without TensorBoard (pretrain.run_layout.read_metrics)."""
 
     def __init__(self) -> None:
         self.file = None
-        self.unread = Unread()
 
     def on_train_start(self, trainer) -> None:
         if trainer.is_main:
@@ -91,26 +62,16 @@ class MetricsFile(Callback):
 
     def on_rollback(self, trainer, rollback) -> None:
         if self.file is not None:
-            self.unread.drop_after(trainer.step)
-            self._write(self.unread.ready())
             self.file.close()
             self._open(trainer, {"step": trainer.step, **rollback_scalars(rollback)})
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
+    def on_values(self, trainer, outs: list[StepOutput]) -> None:
         if self.file is not None:
-            self._write(self.unread.ready(out))
-
-    def on_save(self, trainer, folder) -> None:
-        if self.file is not None:  # every step up to the checkpoint is on disk
-            self._write(self.unread.ready())
-
-    def _write(self, outs: list[StepOutput]) -> None:
-        for out in outs:
-            self.file.write(json.dumps({"step": out.step, **_clean(out.scalars)}) + "\n")
+            for out in outs:
+                self.file.write(json.dumps({"step": out.step, **_clean(out.scalars)}) + "\n")
 
     def on_fit_end(self, trainer, exit_code) -> None:
         if self.file is not None:
-            self._write(self.unread.rest())
             self.file.close()
             self.file = None
 
@@ -120,7 +81,6 @@ class TensorBoard(Callback):
 
     def __init__(self) -> None:
         self.writer = None
-        self.unread = Unread()
 
     def on_train_start(self, trainer) -> None:
         if not trainer.is_main:
@@ -138,24 +98,22 @@ class TensorBoard(Callback):
                 0,
             )
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
-        if self.writer is not None:
-            self._write(self.unread.ready(out))
-
-    def _write(self, outs: list[StepOutput]) -> None:
+    def on_values(self, trainer, outs: list[StepOutput]) -> None:
+        if self.writer is None:
+            return
         for out in outs:
             for k, v in _clean(out.scalars).items():
                 self.writer.add_scalar(k, v, out.step)
             for tag, text in out.events:
                 self.writer.add_text(tag, text, out.step)
+            for tag, image in out.images.items():
+                self.writer.add_image(tag, image, out.step, dataformats="HWC")
 
     def on_rollback(self, trainer, rollback) -> None:
         if self.writer is None:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        self.unread.drop_after(trainer.step)
-        self._write(self.unread.ready())
         self.writer.close()  # reopened to purge the steps the rollback went back past
         self.writer = SummaryWriter(str(trainer.layout.tensorboard), purge_step=trainer.step + 1)
         for k, v in rollback_scalars(rollback).items():
@@ -166,12 +124,10 @@ class TensorBoard(Callback):
         # On disk with the checkpoint: a run that dies later (a kill, a hang's exit) and
         # resumes from it has every event up to it (the ones after are purged anyway).
         if self.writer is not None:
-            self._write(self.unread.ready())
             self.writer.flush()
 
     def on_fit_end(self, trainer, exit_code) -> None:
         if self.writer is not None:
-            self._write(self.unread.rest())
             self.writer.close()
             self.writer = None
 
@@ -196,7 +152,6 @@ class WandbLogger(Callback):
         )
         self.run_id: str | None = None
         self.run = None
-        self.unread = Unread()
 
     def on_train_start(self, trainer) -> None:
         if not trainer.is_main:
@@ -214,18 +169,13 @@ class WandbLogger(Callback):
             **opts,
         )
 
-    def on_step_end(self, trainer, out: StepOutput) -> None:
+    def on_values(self, trainer, outs: list[StepOutput]) -> None:
         if self.run is not None:
-            for ready in self.unread.ready(out):
-                self.run.log(_clean(ready.scalars), step=ready.step)
-
-    def on_rollback(self, trainer, rollback) -> None:
-        self.unread.drop_after(trainer.step)
+            for out in outs:
+                self.run.log(_clean(out.scalars), step=out.step)
 
     def on_fit_end(self, trainer, exit_code) -> None:
         if self.run is not None:
-            for ready in self.unread.rest():
-                self.run.log(_clean(ready.scalars), step=ready.step)
             self.run.finish(exit_code=0 if exit_code in (0, 99) else 1)
             self.run = None
 

@@ -1,0 +1,37 @@
+"""The evaluator interface: a measurement the trainer runs between steps, on its schedule.
+
+An evaluator is a component the trainer owns (as torchtitan's and OLMo-core's trainers own
+theirs), not a callback: the trainer asks each whether it is `due` after a step, runs the
+due ones inside the hang watchdog's slow phase (train.hang_timeout_long) with the time
+left out of tokens/s, and reports what they return through the step's record, so the one
+metrics path writes it (metrics file, TensorBoard, W&B) with the step's other values.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pretrain.train.metrics import StepRecord
+
+
+class Evaluator:
+    """Override `due` and `run`; `setup` if the evaluator needs the built run.
+
+    `run` is called on every rank (an evaluation may use collectives: every rank must take
+    part) with the trainer (as callbacks see it: `cfg`, `run`, `step`, `layout`, `is_main`,
+    `log()`) and the step's record; it returns scalars (the same on every rank; rank 0
+    writes them) and may add images to `record.images`. It must leave training as it found
+    it: the model back in training mode, no RNG drawn (tests/test_train_evaluators.py).
+    """
+
+    def setup(self, trainer: Any) -> None: ...
+
+    def due(self, step: int, last: bool, stopping: bool) -> bool:
+        raise NotImplementedError
+
+    def run(self, trainer: Any, record: StepRecord) -> dict[str, float]:
+        raise NotImplementedError
+
+
+__all__ = ["Evaluator"]
