@@ -21,8 +21,6 @@ from pretrain.eval.plots import save_png
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from pretrain.eval.compare_positions import PositionCurve
-    from pretrain.eval.positions import PositionLosses
 
 X_LABEL = "position in the window (tokens of context, log scale)"
 Y_LABEL = "loss (nats per token)"
@@ -120,8 +118,9 @@ def plot_positions(record: dict[str, Any], path: str | Path) -> Path:
     return save_png(fig, path)
 
 
-def curve_image(stats: PositionLosses, step: int) -> np.ndarray:
-    """The validation loss by position during training as an HWC uint8 RGB array for
+def curve_image(stats: Any, step: int) -> np.ndarray:
+    """The validation loss by position during training (`stats`: a PositionLosses of
+    pretrain/eval/positions.py, which imports this module) as an HWC uint8 RGB array for
     TensorBoard (no training-length line: the window is the training length)."""
     import matplotlib.pyplot as plt
 
@@ -138,7 +137,7 @@ def curve_image(stats: PositionLosses, step: int) -> np.ndarray:
     return image
 
 
-def plot_position_curves(curves: list[PositionCurve], out: str | Path) -> Path:
+def plot_position_curves(curves: list[Any], out: str | Path) -> Path:
     """compare_runs' curves (pretrain/eval/compare_positions.py), ± std shaded for several
     seeds, a dashed line at each training length. Returns the PNG."""
     lengths = {c.length for c in curves}

@@ -1,17 +1,32 @@
-"""Causal self-attention: MHA or GQA, optional QK-Norm, partial RoPE, SDPA, KV cache."""
+"""Causal self-attention: MHA or GQA, optional QK-Norm, partial RoPE, SDPA, KV cache.
+
+The kernel is chosen in one place, `choose_kernel`, and run by one entry point, `attend`;
+the model calls nothing else to attend.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.config import ModelConfig
-from pretrain.model.document_attention import DocumentMask, flex_document_attention
+from pretrain.config import ConfigError, ModelConfig
+from pretrain.model.document_attention import (
+    DocumentMask,
+    document_attention_backend,
+    flex_document_attention,
+)
 from pretrain.model.norm import make_norm
 from pretrain.model.rope import apply_rope
+
+# The signature of F.scaled_dot_product_attention: (q, k, v, attn_mask=, dropout_p=,
+# is_causal=, scale=, enable_gqa=) -> (B, H, T, D).
+AttentionFn = Callable[..., torch.Tensor]
+
+Kernel = Literal["sdpa", "flex", "injected", "unfused"]
 
 
 class KVCache:
@@ -67,9 +82,10 @@ class Attention(nn.Module):
         )
         self.dropout = cfg.dropout
         self.softcap = cfg.attn_logit_softcap
-        # The kernel, as F.scaled_dot_product_attention's signature; None = that function
-        # (Transformer.set_attention_fn; the planner puts FlashAttention's memory here).
-        self.attention_fn: Callable[..., torch.Tensor] | None = None
+        # The kernel, as F.scaled_dot_product_attention's signature; None = the kernel that
+        # choose_kernel picks (Transformer.set_attention_fn; the planner puts FlashAttention's
+        # memory here).
+        self.attention_fn: AttentionFn | None = None
 
     def heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, H, T, D), k and v (B, KV, T, D) of the input x (B, T, d_model): projected,
@@ -100,55 +116,167 @@ class Attention(nn.Module):
         documents: DocumentMask | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.heads(x, cos, sin)
-        if documents is not None:  # packed documents: a block-diagonal causal mask
-            y = self._document_attention(q, k, v, documents)
-            return self.proj(y.transpose(1, 2).reshape(B, T, H * D))
-
-        start = 0
+        cached = 0
         if kv_cache is not None:
-            start = kv_cache.pos
+            cached = kv_cache.pos
             k, v = kv_cache.update(layer, k, v)
-
-        # SDPA's is_causal aligns the mask top-left; with cached keys the queries sit at the
-        # bottom-right, so past the first chunk we pass the mask ourselves.
-        mask, causal = None, True
-        if start > 0:
-            causal = False
-            if T > 1:
-                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
         dropout = self.dropout if self.training else 0.0
-        if self.softcap > 0:
-            if mask is None and causal:
-                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
-            y = softcapped_attention(q, k, v, mask, self.softcap, dropout)
-        else:
-            sdpa = self.attention_fn or F.scaled_dot_product_attention
-            y = sdpa(
-                q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout, enable_gqa=KV != H
-            )
-        y = y.transpose(1, 2).reshape(B, T, H * D)
-        return self.proj(y)
-
-    def _document_attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: DocumentMask
-    ) -> torch.Tensor:
-        dropout = self.dropout if self.training else 0.0
-        if self.softcap > 0:
-            return softcapped_attention(q, k, v, documents.dense, self.softcap, dropout)
-        if documents.backend == "flex" and self.attention_fn is None:
-            return flex_document_attention(q, k, v, documents)
-        sdpa = self.attention_fn or F.scaled_dot_product_attention
-        return sdpa(
+        kernel = choose_kernel(
+            q.device,
+            head_dim=self.head_dim,
+            documents=documents is not None,
+            dropout=dropout,
+            soft_cap=self.softcap,
+            injected=self.attention_fn is not None,
+        )
+        y = attend(
             q,
             k,
             v,
-            attn_mask=documents.dense,
-            is_causal=False,
+            kernel=kernel,
+            documents=documents,
+            cached=cached,
             dropout_p=dropout,
-            enable_gqa=k.shape[1] != q.shape[1],
+            soft_cap=self.softcap,
+            fn=self.attention_fn,
         )
+        return self.proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+def choose_kernel(
+    device: torch.device | str,
+    *,
+    head_dim: int,
+    documents: bool,
+    dropout: float,
+    soft_cap: float,
+    injected: bool,
+) -> Kernel:
+    """The kernel that runs one attention, from what it must honour: the device, the mask
+    kind (plain causal, or packed `documents`), the dropout of this forward (0 in eval), the
+    attention-logit `soft_cap` and whether a kernel was `injected` (set_attention_fn).
+
+    =========  =====================================================  =====================
+    kernel     runs when                                              mask it receives
+    =========  =====================================================  =====================
+    unfused    soft_cap > 0, any device, mask or dropout              dense bool (T x T or
+                                                                      B x 1 x T x T)
+    injected   a kernel was injected and soft_cap == 0                is_causal=True, or a
+                                                                      dense bool mask
+    flex       documents, CUDA, dropout == 0, head dim in             the BlockMask
+               FLEX_HEAD_DIMS (document_attention_backend)
+    sdpa       everything else: plain causal anywhere, documents on   is_causal=True, or a
+               CPU, with dropout or outside flex's head dims          dense bool mask
+    =========  =====================================================  =====================
+
+    Why this order: the cap changes the scores themselves, and neither SDPA nor our
+    FlexAttention call takes one, so a capped model has one path. An injected kernel stands
+    for SDPA (a tracer, an FP8 or a custom kernel): it must see every mask SDPA would, so it
+    is never handed a BlockMask (which SDPA's signature cannot take) and never bypassed for
+    FlexAttention; with documents it gets the dense mask. FlexAttention skips the masked
+    tiles of packed documents but has no dropout. A "dense bool" mask is True = attend.
+
+    Refused, one line (ConfigError): a soft cap with an injected kernel, which could only
+    be honoured by not calling the kernel that was injected.
+    """
+    if soft_cap > 0:
+        if injected:
+            raise ConfigError(
+                f"model.attn_logit_softcap={soft_cap} runs the unfused soft-capped attention, "
+                f"and an injected attention kernel (Transformer.set_attention_fn) has "
+                f"F.scaled_dot_product_attention's signature, which takes no cap; set "
+                f"model.attn_logit_softcap=0 or call set_attention_fn(None)"
+            )
+        return "unfused"
+    if injected:
+        return "injected"
+    if documents and document_attention_backend(device, head_dim, dropout, soft_cap) == "flex":
+        return "flex"
+    return "sdpa"
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kernel: Kernel,
+    documents: DocumentMask | None = None,
+    cached: int = 0,
+    dropout_p: float = 0.0,
+    soft_cap: float = 0.0,
+    fn: AttentionFn | None = None,
+) -> torch.Tensor:
+    """Causal attention of q (B, H, T, D) over k, v (B, KV, cached + T, D) with `kernel`
+    (choose_kernel's choice; tests force the others), (B, H, T, D) out.
+
+    The mask: `documents` (packed documents: causal within each document), else causal with
+    the queries at the last T of the cached + T keys (`cached` keys from a KV cache). Every
+    kernel gets that mask in the form it takes, built from the DocumentMask's ids when the
+    mask was built for another kernel, so no kernel runs unmasked. A combination that cannot
+    be honoured raises a one-line ValueError instead: FlexAttention without documents, after
+    cached keys or with dropout; a soft cap on a kernel other than unfused (or none on it);
+    `fn` without kernel="injected" (or none with it); documents with cached keys.
+    """
+    _check_attend(kernel, documents, cached, dropout_p, soft_cap, fn)
+    T = q.shape[2]
+    gqa = k.shape[1] != q.shape[1]
+    if kernel == "flex":
+        return flex_document_attention(q, k, v, documents, compile=documents.compile)
+    # SDPA's is_causal aligns the mask top-left; with cached keys the queries sit at the
+    # bottom-right, so past the first chunk we pass the mask ourselves (one query after
+    # cached keys attends to all of them: no mask).
+    mask, causal = None, True
+    if documents is not None:
+        mask, causal = documents.as_dense(), False
+    elif cached > 0:
+        causal = False
+        if T > 1:
+            mask = torch.ones(T, cached + T, dtype=torch.bool, device=q.device).tril(cached)
+    if kernel == "unfused":
+        if mask is None and causal:
+            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        return softcapped_attention(q, k, v, mask, soft_cap, dropout_p)
+    sdpa = fn if kernel == "injected" else F.scaled_dot_product_attention
+    return sdpa(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa)
+
+
+def _check_attend(
+    kernel: Kernel,
+    documents: DocumentMask | None,
+    cached: int,
+    dropout_p: float,
+    soft_cap: float,
+    fn: AttentionFn | None,
+) -> None:
+    """One line for each way `attend`'s arguments would drop a mask, a cap or a kernel."""
+    problem = None
+    if kernel not in ("sdpa", "flex", "injected", "unfused"):
+        problem = f"kernel={kernel!r} is none of sdpa, flex, injected, unfused"
+    elif (fn is not None) != (kernel == "injected"):
+        problem = (
+            f"kernel={kernel!r} with fn={'None' if fn is None else 'a kernel'}: the injected "
+            f"kernel runs exactly when kernel='injected' and fn is given (choose_kernel)"
+        )
+    elif (soft_cap > 0) != (kernel == "unfused"):
+        problem = (
+            f"kernel={kernel!r} with soft_cap={soft_cap}: only kernel='unfused' applies a soft "
+            f"cap, and it needs one > 0 (choose_kernel)"
+        )
+    elif documents is not None and cached > 0:
+        problem = (
+            f"documents with cached={cached} keys: incremental decoding runs one document; "
+            f"pass documents=None"
+        )
+    elif kernel == "flex" and (documents is None or dropout_p > 0):
+        problem = (
+            f"kernel='flex' with documents={'None' if documents is None else 'a mask'} and "
+            f"dropout_p={dropout_p}: FlexAttention runs document masks without dropout only; "
+            f"use kernel='sdpa' (choose_kernel)"
+        )
+    if problem is not None:
+        raise ValueError(f"attend: {problem}")
 
 
 def softcapped_attention(

@@ -1,7 +1,8 @@
 """Attention that stops at document boundaries (data.document_mask): each token attends to
 the earlier tokens of its own document only, a block-diagonal causal mask.
 
-Two kernels, one mask definition (causal and the same document id):
+Two kernels, one mask definition (causal and the same document id); which one runs is
+decided with the other attention kernels in one place, pretrain.model.attention.choose_kernel:
 
 - **FlexAttention** (`torch.nn.attention.flex_attention`) on CUDA: the mask is a `BlockMask`
   of 128 x 128 tiles built from the document ids (no T x T tensor), fully masked tiles are
@@ -37,10 +38,11 @@ FLEX_HEAD_DIMS = (16, 256)
 def document_attention_backend(
     device: torch.device | str, head_dim: int = 64, dropout: float = 0.0, softcap: float = 0.0
 ) -> Backend:
-    """Which kernel a document-masked attention runs: "flex" on CUDA for head dims in
+    """Whether FlexAttention can run a document mask here: "flex" on CUDA for head dims in
     FLEX_HEAD_DIMS (see the module docstring); "sdpa_mask" on CPU, with attention dropout in
     training (FlexAttention has none), with an attention-logit soft cap (its unfused path
-    takes the boolean mask) and for head dims outside FlexAttention's range."""
+    takes the boolean mask) and for head dims outside FlexAttention's range. The kernel that
+    runs also depends on an injected one: attention.choose_kernel decides, from this."""
     lo, hi = FLEX_HEAD_DIMS
     if torch.device(device).type != "cuda" or dropout > 0 or softcap > 0:
         return "sdpa_mask"
@@ -49,12 +51,19 @@ def document_attention_backend(
 
 @dataclass
 class DocumentMask:
-    """The document mask of one forward, built once and shared by every layer."""
+    """The document mask of one forward, built once and shared by every layer.
+
+    `backend` is the form built up front, for the kernel the model chose; a kernel that
+    takes the other form (a layer with its own injected kernel, a test) gets it from
+    `as_dense` / `as_block_mask`, built from the ids on first use and kept. Neither form is
+    ever read as None: None means "no mask" to SDPA and to FlexAttention alike.
+    """
 
     document_ids: torch.Tensor  # (B, T) int64
     backend: Backend
     dense: torch.Tensor | None = None  # (B, 1, T, T) bool, True = attend: sdpa_mask
     block_mask: Any = None  # a FlexAttention BlockMask: flex
+    compile: bool = True  # the compiled FlexAttention functions (see build)
 
     @classmethod
     def build(
@@ -62,10 +71,26 @@ class DocumentMask:
     ) -> DocumentMask:
         """`compile=False` (tests on CPU): the eager FlexAttention functions, which evaluate
         the same mask rule but hold the whole mask; the compiled ones never do."""
+        mask = cls(document_ids, backend, compile=compile)
         if backend == "flex":
-            return cls(document_ids, backend, block_mask=_block_mask(document_ids, compile))
-        same = document_ids[:, :, None] == document_ids[:, None, :]
-        return cls(document_ids, backend, dense=same.tril()[:, None])
+            mask.as_block_mask()
+        else:
+            mask.as_dense()
+        return mask
+
+    def as_dense(self) -> torch.Tensor:
+        """(B, 1, T, T) bool, True = attend: the mask SDPA, an injected kernel and the
+        soft-capped path take."""
+        if self.dense is None:
+            same = self.document_ids[:, :, None] == self.document_ids[:, None, :]
+            self.dense = same.tril()[:, None]
+        return self.dense
+
+    def as_block_mask(self) -> Any:
+        """The FlexAttention BlockMask of the same rule."""
+        if self.block_mask is None:
+            self.block_mask = _block_mask(self.document_ids, self.compile)
+        return self.block_mask
 
 
 _compiled: dict[str, Any] = {}
@@ -100,7 +125,7 @@ def flex_document_attention(
     if compile and "attention" not in _compiled:
         _compiled["attention"] = torch.compile(flex_attention, dynamic=False)
     flex = _compiled["attention"] if compile else flex_attention
-    return flex(q, k, v, block_mask=mask.block_mask, enable_gqa=k.shape[1] != q.shape[1])
+    return flex(q, k, v, block_mask=mask.as_block_mask(), enable_gqa=k.shape[1] != q.shape[1])
 
 
 __all__ = [

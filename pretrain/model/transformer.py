@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pretrain.config import ModelConfig, RopeScalingConfig
-from pretrain.model.attention import Attention, KVCache
-from pretrain.model.document_attention import DocumentMask, document_attention_backend
+from pretrain.model.attention import Attention, AttentionFn, KVCache, choose_kernel
+from pretrain.model.document_attention import DocumentMask
 from pretrain.model.loss import IGNORE_INDEX, linear_cross_entropy
 from pretrain.model.norm import make_norm
 from pretrain.model.rope import RotaryEmbedding
@@ -202,13 +202,17 @@ class Transformer(nn.Module):
                 )
         if document_ids is None:
             return None
-        backend = document_attention_backend(
+        # The blocks choose the same kernel from the same facts (Attention.forward); this
+        # choice only says which form of the mask to build once for all of them.
+        kernel = choose_kernel(
             input_ids.device,
-            self.cfg.head_dim,
-            self.cfg.dropout if self.training else 0.0,
-            self.cfg.attn_logit_softcap,
+            head_dim=self.cfg.head_dim,
+            documents=True,
+            dropout=self.cfg.dropout if self.training else 0.0,
+            soft_cap=self.cfg.attn_logit_softcap,
+            injected=any(block.attn.attention_fn is not None for block in self.blocks),
         )
-        return DocumentMask.build(document_ids, backend)
+        return DocumentMask.build(document_ids, "flex" if kernel == "flex" else "sdpa_mask")
 
     @property
     def max_positions(self) -> int | None:
@@ -278,10 +282,21 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.rope = RotaryEmbedding.from_config(cfg).to(self.rope.cos.device)
 
-    def set_attention_fn(self, fn: Callable[..., torch.Tensor] | None) -> None:
+    def set_attention_fn(self, fn: AttentionFn | None) -> None:
         """Every block's attention kernel, with the signature of
-        F.scaled_dot_product_attention; None = that function (the planner traces FlashAttention's
-        memory through this)."""
+        F.scaled_dot_product_attention; None = the kernel attention.choose_kernel picks (the
+        planner traces FlashAttention's memory through this). It gets is_causal or a dense
+        boolean mask, packed documents included; a model it cannot serve (a soft cap) is
+        refused here, in one line, rather than at the first forward."""
+        if fn is not None:
+            choose_kernel(
+                self.wte.weight.device,
+                head_dim=self.cfg.head_dim,
+                documents=False,
+                dropout=0.0,
+                soft_cap=self.cfg.attn_logit_softcap,
+                injected=True,
+            )
         for block in self.blocks:
             block.attn.attention_fn = fn
 

@@ -191,7 +191,9 @@ def _whole_logits_loss(hidden, weight, targets, ignore_index, z_loss=0.0):
 def _use_kernels(model, target: str, whole_logits: bool) -> None:
     """Through the model's injection points: SDPA allocates as on `target` ("cuda":
     FlashAttention-2, "cpu": torch's own), and the loss is the chunked or the whole-logits one."""
-    if target == "cuda":
+    # A soft cap runs the unfused path on every device, which no SDPA kernel stands for (the
+    # model refuses to hand it an injected kernel): its memory is the eager trace's.
+    if target == "cuda" and model.cfg.attn_logit_softcap == 0:
         model.set_attention_fn(_flash_sdpa)
     if whole_logits:
         model.loss_fn = _whole_logits_loss

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from pretrain.data.pipeline import DataSource
+from pretrain.config import Config, to_dict
+from pretrain.config_checks import check_run, grad_accum_steps
+from pretrain.data.pipeline import DataSource, build_data
+from pretrain.eval.metrics import text_per_token
+from pretrain.faults import DataFaults
+from pretrain.run_layout import RunLayout
+from pretrain.train import distributed as dist_utils
 from pretrain.train.checkpoint import Checkpointer
 from pretrain.train.distributed import DistEnv
+from pretrain.train.engine import PlanRecompute, build_engine, resolve_recompute
 from pretrain.train.module import TrainModule
+from pretrain.train.recovery import warn_config_changes
 
 
 @dataclass(frozen=True)
@@ -25,4 +35,49 @@ class RunContext:
     checkpointer: Checkpointer
 
 
-__all__ = ["RunContext"]
+def build_context(
+    cfg: Config,
+    layout: RunLayout,
+    data: DataSource | None,
+    plan_recompute: PlanRecompute | None,
+    log: Callable[[str], None],
+) -> RunContext:
+    """Process group, data, engine, training module, checkpointer: what a run builds once.
+    `data` replaces the megatron-core pipeline (Trainer's argument)."""
+    t = cfg.train
+    env = dist_utils.setup_env()
+    device = dist_utils.device_for(env)
+    check_run(cfg, env.world_size, check_data=data is None)
+    grad_accum = grad_accum_steps(cfg, env.world_size)
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    dist_utils.init_process_group(device)
+    if env.is_main:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        warn_config_changes(layout, to_dict(cfg), log)
+    eval_enabled = (
+        bool(cfg.data.valid or data is not None) and t.eval_interval > 0 and t.eval_iters > 0
+    )
+    if data is None:
+        data = build_data(cfg, env, t.eval_iters * t.global_batch_size if eval_enabled else 0)
+    eval_enabled = eval_enabled and data.valid is not None
+    recompute = resolve_recompute(cfg, env.world_size, device, plan_recompute)
+    engine = build_engine(cfg, env.world_size, device, recompute)
+    faults = DataFaults(cfg.spikes.faults, t.seed, cfg.model.vocab_size, env.rank, layout)
+    return RunContext(
+        env=env,
+        device=device,
+        grad_accum=grad_accum,
+        tokens_per_step=t.global_batch_size * cfg.seq_len,
+        data=data,
+        eval_enabled=eval_enabled,
+        text_units=text_per_token(data.tokenizer, data.valid)
+        if eval_enabled and env.is_main
+        else {},
+        module=TrainModule(cfg, engine, env.world_size, faults),
+        checkpointer=Checkpointer(layout.checkpoints, cfg.checkpoint, env.rank, env.world_size),
+    )
+
+
+__all__ = ["RunContext", "build_context"]

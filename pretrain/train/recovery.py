@@ -155,6 +155,21 @@ def next_data_step(
     return data_step
 
 
+def trainer_state(cfg, consumed: int, callbacks, module, rollbacks: list, resolved: dict) -> dict:
+    """What a checkpoint holds of the trainer beside DeepSpeed's files: the data position,
+    the callbacks' states (by state_key), the spike guard's history (every step taken
+    judged first), the rollbacks before it, the resolved config. `saved_states` reads it."""
+    return {
+        "consumed_samples": consumed,
+        "consumed_tokens": consumed * cfg.seq_len,
+        "data": {"consumed_samples": consumed, "train": list(cfg.data.train)},
+        "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_key},
+        "spike_guard": module.state_dict(),
+        "rollbacks": len(rollbacks),  # rollbacks before it (see drop_stale_checkpoints)
+        "config": resolved,
+    }
+
+
 def saved_states(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(spike guard state, callbacks' states by state_key) of a checkpoint's trainer state,
     also from checkpoints written before callbacks had state."""
@@ -172,5 +187,6 @@ __all__ = [
     "plan_rollback",
     "record_rollback",
     "saved_states",
+    "trainer_state",
     "warn_config_changes",
 ]

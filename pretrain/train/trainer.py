@@ -30,7 +30,6 @@ requeues on; a hang exits EXIT_HUNG = 124, pretrain/train/watchdog.py, requeued 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -39,21 +38,18 @@ import torch
 import yaml
 
 from pretrain.config import Config, ConfigError, to_dict
-from pretrain.config_checks import check_run, grad_accum_steps
-from pretrain.data.pipeline import DataSource, build_data
-from pretrain.eval.metrics import text_per_token
-from pretrain.faults import DataFaults, fault_point
+from pretrain.data.pipeline import DataSource
+from pretrain.faults import fault_point
 from pretrain.model.weights import save_weights
 from pretrain.run_layout import ROLLBACKS_FILE, RunLayout, atomic_write
 from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks import Callback, build_callbacks, build_evaluators
-from pretrain.train.checkpoint import Checkpointer, find_resume_tag, save_failed
+from pretrain.train.checkpoint import find_resume_tag, save_failed
 from pretrain.train.checkpoint_schedule import CheckpointSchedule
-from pretrain.train.context import RunContext
-from pretrain.train.engine import PlanRecompute, build_engine, resolve_recompute
-from pretrain.train.evaluators import Evaluator
+from pretrain.train.context import RunContext, build_context
+from pretrain.train.engine import PlanRecompute
+from pretrain.train.evaluators import Evaluator, run_due
 from pretrain.train.metrics import StepRecord
-from pretrain.train.module import TrainModule
 from pretrain.train.recovery import (
     check_same_model,
     drop_stale_checkpoints,
@@ -61,7 +57,7 @@ from pretrain.train.recovery import (
     plan_rollback,
     record_rollback,
     saved_states,
-    warn_config_changes,
+    trainer_state,
 )
 from pretrain.train.spikes import Rollback, read_rollbacks
 from pretrain.train.watchdog import (
@@ -204,23 +200,9 @@ class Trainer:
         return record
 
     def _evaluate(self, record: StepRecord, last: bool) -> None:
-        """The evaluators due after this step, in the watchdog's slow phase; their results go
-        into the step's record (and on_evaluation), their time out of tokens/s."""
-        due = [e for e in self.evaluators if e.due(self.step, last, record.stopping)]
-        if not due:
-            return
-        t0, results = time.perf_counter(), {}
-        # The RNG as training left it, whatever the evaluators draw (a DataLoader draws its
-        # base seed from torch's generator): the training trajectory does not depend on how
-        # often, or whether, a run evaluates.
-        cuda = [self.run.device] if self.run.device.type == "cuda" else []
-        with slow_phase("an evaluation"), torch.random.fork_rng(devices=cuda):
-            for evaluator in due:
-                results.update(evaluator.run(self, record))
-        record.eval_seconds = time.perf_counter() - t0
-        record.evaluation = results
-        record.scalars.update(results)
-        self.fire("on_evaluation", results)
+        results = run_due(self.evaluators, self, record, last)
+        if results is not None:
+            self.fire("on_evaluation", results)
 
     def flush(self) -> None:
         """Publish every step taken and not yet published: on_values, in step order."""
@@ -267,44 +249,9 @@ class Trainer:
 
     def setup(self) -> None:
         """Process group, data, engine: the RunContext; then resume from a checkpoint."""
-        cfg, t = self.cfg, self.cfg.train
-        env = dist_utils.setup_env()
-        device = dist_utils.device_for(env)
-        check_run(cfg, env.world_size, check_data=self.given_data is None)
-        grad_accum = grad_accum_steps(cfg, env.world_size)
-        if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-        dist_utils.init_process_group(device)
-        if env.is_main:
-            self.layout.root.mkdir(parents=True, exist_ok=True)
-            warn_config_changes(self.layout, self.resolved, self.log)
-        data = self.given_data
-        eval_enabled = (
-            bool(cfg.data.valid or data is not None) and t.eval_interval > 0 and t.eval_iters > 0
-        )
-        if data is None:
-            data = build_data(cfg, env, t.eval_iters * t.global_batch_size if eval_enabled else 0)
-        eval_enabled = eval_enabled and data.valid is not None
-        recompute = resolve_recompute(cfg, env.world_size, device, self.plan_recompute)
-        engine = build_engine(cfg, env.world_size, device, recompute)
-        faults = DataFaults(cfg.spikes.faults, t.seed, cfg.model.vocab_size, env.rank, self.layout)
-        self.run = RunContext(
-            env=env,
-            device=device,
-            grad_accum=grad_accum,
-            tokens_per_step=t.global_batch_size * cfg.seq_len,
-            data=data,
-            eval_enabled=eval_enabled,
-            text_units=text_per_token(data.tokenizer, data.valid)
-            if eval_enabled and env.is_main
-            else {},
-            module=TrainModule(cfg, engine, env.world_size, faults),
-            checkpointer=Checkpointer(
-                self.layout.checkpoints, cfg.checkpoint, env.rank, env.world_size
-            ),
-        )
-        self.evaluators = build_evaluators(cfg, eval_enabled)
+        cfg = self.cfg
+        self.run = build_context(cfg, self.layout, self.given_data, self.plan_recompute, self.log)
+        self.evaluators = build_evaluators(cfg, self.run.eval_enabled)
         self.rollbacks = read_rollbacks(self.layout.root) if cfg.checkpoint.resume else []
         if not cfg.checkpoint.resume and self.is_main:  # a run started over forgets them
             (self.layout.root / ROLLBACKS_FILE).unlink(missing_ok=True)
@@ -367,15 +314,9 @@ class Trainer:
 
     def save(self) -> Path:
         """Checkpoint the current step (every rank calls it); returns its folder."""
-        state = {
-            "consumed_samples": self.consumed,
-            "consumed_tokens": self.consumed * self.cfg.seq_len,
-            "data": {"consumed_samples": self.consumed, "train": list(self.cfg.data.train)},
-            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks if cb.state_key},
-            "spike_guard": self.run.module.state_dict(),
-            "rollbacks": len(self.rollbacks),  # rollbacks before it (see _drop_stale_checkpoints)
-            "config": self.resolved,
-        }
+        state = trainer_state(
+            self.cfg, self.consumed, self.callbacks, self.run.module, self.rollbacks, self.resolved
+        )
         try:
             with slow_phase("a checkpoint"):
                 folder = self.run.checkpointer.save(

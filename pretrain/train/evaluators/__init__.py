@@ -6,8 +6,8 @@ PositionEvaluation  loss by position, valid_position/* and a curve image (option
                     interval: 500}]`)
 """
 
-from pretrain.train.evaluators.base import Evaluator
+from pretrain.train.evaluators.base import Evaluator, run_due
 from pretrain.train.evaluators.positions import PositionEvaluation
 from pretrain.train.evaluators.validation import Validation
 
-__all__ = ["Evaluator", "PositionEvaluation", "Validation"]
+__all__ = ["Evaluator", "PositionEvaluation", "Validation", "run_due"]

@@ -9,7 +9,12 @@ metrics path writes it (metrics file, TensorBoard, W&B) with the step's other va
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pretrain.train.watchdog import slow_phase
 
 if TYPE_CHECKING:
     from pretrain.train.metrics import StepRecord
@@ -34,4 +39,30 @@ class Evaluator:
         raise NotImplementedError
 
 
-__all__ = ["Evaluator"]
+def run_due(
+    evaluators: list[Evaluator], trainer: Any, record: StepRecord, last: bool
+) -> dict[str, float] | None:
+    """The evaluators due after `record`'s step, in the watchdog's slow phase; their results
+    (None when none was due) go into the record, their time into `record.eval_seconds`,
+    which tokens/s leaves out."""
+    due = [e for e in evaluators if e.due(record.step, last, record.stopping)]
+    if not due:
+        return None
+    t0, results = time.perf_counter(), {}
+    # The RNG as training left it, whatever the evaluators draw (a DataLoader draws its
+    # base seed from torch's generator): the training trajectory does not depend on how
+    # often, or whether, a run evaluates.
+    device = trainer.run.device
+    with (
+        slow_phase("an evaluation"),
+        torch.random.fork_rng([device] if device.type == "cuda" else []),
+    ):
+        for evaluator in due:
+            results.update(evaluator.run(trainer, record))
+    record.eval_seconds = time.perf_counter() - t0
+    record.evaluation = results
+    record.scalars.update(results)
+    return results
+
+
+__all__ = ["Evaluator", "run_due"]
