@@ -271,7 +271,7 @@ CASES = [
         "main-callback-not-callback",
         "main",
         CFG,
-        "not a subclass",
+        "is neither a pretrain.train.callbacks.Callback nor",
         run_cfg(callbacks=[{"class": "pathlib.Path"}]),
     ),
     Case(

@@ -12,7 +12,6 @@ continues from its kept rows at the next call.
 from __future__ import annotations
 
 import gc
-import logging
 import shutil
 import subprocess
 import time
@@ -28,6 +27,7 @@ from pretrain.gpucheck.results import DONE, RESULTS_MD, ResultsFolder, Stage, ch
 from pretrain.gpucheck.sizes import GPU_SIZES, REPO, SMOKE_SIZES, Context, this_gpu
 from pretrain.gpucheck.stages import all_stages
 from pretrain.run_layout import atomic_write
+from pretrain.train.deepspeed_adapter import quiet_logs
 
 EXIT_DONE, EXIT_FAILED, EXIT_MORE = 0, 1, 75  # 75: EX_TEMPFAIL, "run the command again"
 SMOKE_SHARE = 0.05  # a stage's smoke takes at most this share of its GPU budget
@@ -149,9 +149,7 @@ def _run(opts: Options, log) -> int:
         commit=_commit(),
         gpu_gib=round(gpu.gib, 2),
     )
-    from deepspeed.utils import logger  # set after DeepSpeed's import, which sets INFO
-
-    logger.setLevel(logging.WARNING)  # its per-engine memory reports
+    quiet_logs()  # its per-engine memory reports
     log(f"GPU check ({results.meta['mode']}) on {gpu.name}; results in {folder}")
     ran = 0
     left = []

@@ -16,12 +16,11 @@ everything else runs as on a GPU.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from pretrain.config import Config, to_dict
 from pretrain.data.dataset import make_loader
 from pretrain.data.pipeline import DataSource
 from pretrain.train.callbacks.base import Callback
+from pretrain.train.deepspeed_adapter import compile_backend, wrap_engine_calls
 from pretrain.train.trainer import Trainer
 
 GiB = 2**30
@@ -41,6 +41,7 @@ PHASES = {
     "gpucheck/backward": "backward",
     "gpucheck/optimizer": "optimizer",
 }
+PHASE_OF_CALL = {"forward": "forward", "backward": "backward", "step": "optimizer"}
 COMMUNICATION = ("nccl", "all_reduce", "allreduce", "reduce_scatter", "all_gather", "broadcast")
 
 
@@ -80,8 +81,10 @@ class Meter:
         return torch.cuda.max_memory_allocated() - self.base, torch.cuda.max_memory_reserved()
 
 
-def _labelled(fn, label: str):
-    def call(*args, **kwargs):
+def _labelled(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    label = f"gpucheck/{PHASE_OF_CALL[name]}"
+
+    def call(*args: Any, **kwargs: Any) -> Any:
         with record_function(label):
             return fn(*args, **kwargs)
 
@@ -142,12 +145,9 @@ class Probe(Callback):
         self._t = 0.0
 
     def on_train_start(self, trainer) -> None:
-        engine = trainer.run.module.engine
-        # Instance attributes shadow the class's methods: the TrainModule's calls go through
-        # the labels, nothing of the trainer changes.
-        engine.forward = _labelled(engine.forward, "gpucheck/forward")
-        engine.backward = _labelled(engine.backward, "gpucheck/backward")
-        engine.step = _labelled(engine.step, "gpucheck/optimizer")
+        # The TrainModule's calls of the engine go through the labels; nothing of the
+        # trainer changes.
+        wrap_engine_calls(trainer.run.module.engine, _labelled)
         self.meter.sync()
         self.meter.reset_peak()
         self._t = time.perf_counter()
@@ -224,22 +224,6 @@ def run_config(
     )
 
 
-@contextlib.contextmanager
-def compile_backend(backend: str) -> Iterator[None]:
-    """Within: train.compile's `engine.compile()` uses `backend`. DeepSpeed binds the
-    default of `DeepSpeedEngine.compile(backend=...)` when it is imported, so the default is
-    swapped here and put back after; the trainer's own call is unchanged."""
-    from deepspeed.runtime.engine import DeepSpeedEngine
-
-    fn = DeepSpeedEngine.compile
-    before = fn.__defaults__
-    fn.__defaults__ = (backend, *before[1:])
-    try:
-        yield
-    finally:
-        fn.__defaults__ = before
-
-
 def measure_run(
     cfg: Config,
     device: torch.device,
@@ -285,7 +269,6 @@ __all__ = [
     "GiB",
     "Meter",
     "Probe",
-    "compile_backend",
     "measure_run",
     "phase_times",
     "run_config",

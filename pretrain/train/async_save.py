@@ -1,24 +1,26 @@
 """Asynchronous checkpoints (`checkpoint.async: true`): a host copy now, the files later.
 
-A synchronous save stops training while every rank writes, fsyncs and checksums its files
-(pretrain/train/checkpoint.py). With `checkpoint.async` the save step only copies the state
-to host memory; a background thread writes it, and training goes on meanwhile:
+A checkpoint is written by one protocol (pretrain/train/checkpoint.py, Checkpointer.save and
+_write) through a writer. The synchronous writer stops training while every rank writes,
+fsyncs and checksums its files. With `checkpoint.async` the AsyncWriter of this module only
+copies the state to host memory in the save step; a background thread runs the rest of the
+same protocol, and training goes on meanwhile:
 
     main thread, at the save step              background thread
     wait for the save in flight (at most one)
-    engine.save_checkpoint with a capturing    write DeepSpeed's files (torch.save), the RNG
-      checkpoint engine: DeepSpeed builds its    states and the weights folder; fsync them;
-      state dicts (and runs its collectives)     CRC-32 them; gather every rank's outcome
-      as always, but each save(state, path)      rank 0: the marker, the rename, `latest`,
-      keeps a HostCopy instead of writing        retention, exactly as a synchronous save;
-    the weights and RNG states, host-copied      gather rank 0's outcome
-    train on
+    engine.save_checkpoint with its files      write DeepSpeed's files (torch.save), the RNG
+      captured: DeepSpeed builds its state       states and the weights folder; fsync them;
+      dicts (and runs its collectives) as        gather every rank's outcome; CRC-32 the
+      always, but each file is kept as a         files, the ranks sharing them; rank 0: the
+      HostCopy instead of written                marker, the rename, `latest`, retention,
+    the weights and RNG states, host-copied      exactly as a synchronous save; gather
+    train on                                     rank 0's outcome
 
-Why DeepSpeed's checkpoint engine: `engine.checkpoint_engine.save(state_dict, path)` is where
-DeepSpeed 0.19.8 hands over every file of a checkpoint (model states, each rank's ZeRO
-shard), after building them on the main thread with its own collectives. Replacing the
-engine for the duration of one `save_checkpoint` (`capture_engine_saves`) keeps every file
-name and every state dict DeepSpeed's, and the writing is the same `torch.save` call.
+Why DeepSpeed's checkpoint engine: it is where DeepSpeed 0.19.8 hands over every file of a
+checkpoint (model states, each rank's ZeRO shard), after building them on the main thread
+with its own collectives. Replacing it for the duration of one `save_checkpoint`
+(deepspeed_adapter.capture_checkpoint_files) keeps every file name and every state dict
+DeepSpeed's, and the writing is the same `torch.save` call.
 
 Byte-identical files: torch.save writes each storage a tensor views once, whole, and the
 views as (storage, offset, size, stride). HostCopy copies each distinct storage once and
@@ -37,11 +39,10 @@ can interleave them (gloo matches operations by order), a hang or silent corrupt
 second process group, created by every rank at set-up (`new_group(backend="gloo")`), has
 its own connections and order; the file system or the store would do too, but need
 polling and a protocol of their own, while a failed peer shows up as a gloo error.
-Every rank reports its outcome (error text or file records) in one all_gather, which is
-also the barrier "every rank's files are on disk"; rank 0 commits only then, and a second
-all_gather gives every rank rank 0's outcome, so all ranks raise the same error at their
-next wait (CheckpointSaveError, through checkpoint.save_failed), the previous checkpoint
-untouched.
+Every rank reports its outcome in each of the protocol's gathers, which are also its
+barriers ("every rank's files are on disk"); rank 0 commits only then, and a last gather
+gives every rank rank 0's outcome, so all ranks raise the same error at their next wait
+(CheckpointSaveError, through checkpoint.save_failed), the previous checkpoint untouched.
 """
 
 from __future__ import annotations
@@ -51,10 +52,14 @@ import copy
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
+
+from pretrain.faults import fault_point
+from pretrain.model.weights import weights_state
+from pretrain.train.deepspeed_adapter import CapturedFiles, capture_checkpoint_files
 
 # Host copy storage (its _cdata) -> the device of the original, for torch.save's tag.
 _LOCATIONS: dict[int, torch.device] = {}
@@ -187,51 +192,25 @@ class HostCopy:
         self._originals.clear()
 
 
-class _Capturing:
-    """DeepSpeed's checkpoint engine for one save: folders are made, files are only kept.
-    Everything but create/save/commit is the real engine's (a stand-in, not a subclass, so
-    that importing this module imports no DeepSpeed: tools/check_checkpoint.py reads
-    checkpoint.py without it)."""
+class DeepSpeedFiles(Protocol):
+    """DeepSpeed's files of one save as a writer holds them."""
 
-    def __init__(self, real: Any, host_copy: HostCopy) -> None:
-        self.real, self.host_copy = real, host_copy
-        self.files: list[tuple[str, Any]] = []  # (path, host copy of its state dict)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    def create(self, info: Any) -> None:
-        pass  # the real engine's only logs
-
-    def save(self, state_dict: Any, path: str) -> None:
-        self.files.append((path, self.host_copy(state_dict)))
-
-    def commit(self, info: Any) -> bool:
-        return True
+    def write(self) -> list[str]:
+        """Write what is not on disk yet; the paths written now."""
+        ...
 
 
-@contextlib.contextmanager
-def capture_engine_saves(engine, host_copy: HostCopy) -> Iterator[_Capturing]:
-    """Within the block, `engine.save_checkpoint` writes no file: `.files` of the object
-    yielded holds (path, host copy) of each, for `write_captured` to write later."""
-    real = engine.checkpoint_engine
-    if real.name != "TorchCheckpointEngine":  # another writer: its bytes are its own
-        raise ValueError(
-            f"checkpoint.async needs DeepSpeed's torch checkpoint engine, not {real.name}; "
-            f"remove the checkpoint writer from train.deepspeed, or set checkpoint.async=false"
-        )
-    engine.checkpoint_engine = capturing = _Capturing(real, host_copy)
-    try:
-        yield capturing
-    finally:
-        engine.checkpoint_engine = real
+class _Captured:
+    """DeepSpeed's files of one save, host-copied, for the writer thread."""
 
+    def __init__(self, captured: CapturedFiles, host_copy: HostCopy, step: int) -> None:
+        self.captured, self.host_copy, self.step = captured, host_copy, step
 
-def write_captured(capturing: _Capturing) -> list[str]:
-    """Write the captured files as the real engine would (its torch.save arguments)."""
-    for path, state in capturing.files:
-        torch.save(state, path, _use_new_zipfile_serialization=capturing.real.zipfile_serialization)
-    return [path for path, _ in capturing.files]
+    def write(self) -> list[str]:
+        self.host_copy.wait()
+        written = self.captured.write()
+        fault_point("async_write", self.step)
+        return written
 
 
 WRITER_NICENESS = 10
@@ -252,11 +231,14 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-class BackgroundSaves:
-    """At most one save in flight: `start(step, work)` runs `work()` in a thread (it returns
-    an error text, or None for success), `wait()` joins it and returns (step, error text)
-    when it failed. `gather(obj)` is an all_gather
-    on the dedicated group, for `work` (see the module docstring)."""
+class AsyncWriter:
+    """The asynchronous writer (see the module docstring): `capture`, `keep` and `weights`
+    host-copy in the save step, `seal` after the last copy; `start(step, work)` runs the
+    protocol's `work()` in a thread (it returns an error text, or None for success), at most
+    one at a time; `wait()` joins it and returns (step, error text) when it failed.
+    `gather(obj)` is an all_gather on the dedicated group, for `work`."""
+
+    asynchronous = True
 
     def __init__(self) -> None:
         dist = torch.distributed
@@ -264,6 +246,7 @@ class BackgroundSaves:
         # Every rank creates it, at the same point of set-up (new_group is collective).
         self.group = dist.new_group(backend="gloo") if self.world > 1 else None
         self.buffers = HostBuffers()
+        self._copy: HostCopy | None = None  # the save being captured
         self._thread: threading.Thread | None = None
         self._step = 0
         self._error: str | None = None
@@ -271,6 +254,23 @@ class BackgroundSaves:
     @property
     def in_flight(self) -> bool:
         return self._thread is not None
+
+    def capture(self, engine: Any, step: int, save: Callable[[], None]) -> DeepSpeedFiles:
+        """`save()` (engine.save_checkpoint) with DeepSpeed's files host-copied, not written."""
+        self._copy = HostCopy(self.buffers)
+        with capture_checkpoint_files(engine, self._copy) as captured:
+            save()
+        return _Captured(captured, self._copy, step)
+
+    def keep(self, obj: Any) -> Any:
+        return self._copy(obj)
+
+    def weights(self, module: Any) -> Any:
+        return self._copy(weights_state(module, dtype=None))
+
+    def seal(self) -> None:
+        self._copy.seal()
+        self._copy = None
 
     def start(self, step: int, work: Callable[[], str | None]) -> None:
         if self._thread is not None:
@@ -306,10 +306,9 @@ class BackgroundSaves:
 
 
 __all__ = [
-    "BackgroundSaves",
+    "AsyncWriter",
+    "DeepSpeedFiles",
     "HostBuffers",
     "HostCopy",
-    "capture_engine_saves",
     "say",
-    "write_captured",
 ]

@@ -30,6 +30,8 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,6 @@ from pretrain.integrity import (
     is_unverified,
     verify_checkpoint,
 )
-from pretrain.model.weights import weights_state
 from pretrain.run_layout import (
     DELETING_SUFFIX,
     LATEST_FILE,
@@ -61,13 +62,7 @@ from pretrain.run_layout import (
     step_tag,
     tag_step,
 )
-from pretrain.train.async_save import (
-    BackgroundSaves,
-    HostCopy,
-    capture_engine_saves,
-    say,
-    write_captured,
-)
+from pretrain.train.async_save import AsyncWriter, DeepSpeedFiles, say
 from pretrain.train.distributed import barrier
 from pretrain.train.reshard import (
     ReshardError,
@@ -223,11 +218,79 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class _OnDisk:
+    """DeepSpeed's files of a synchronous save: written by DeepSpeed in the save step."""
+
+    def write(self) -> list[str]:
+        return []
+
+
+class SyncWriter:
+    """The synchronous writer (checkpoint.async off): DeepSpeed writes its files through its
+    own checkpoint engine, and the rest of the protocol runs in the save step, on the main
+    thread, its collectives on the default group."""
+
+    asynchronous = False
+
+    def __init__(self) -> None:
+        self._failed: tuple[int, str] | None = None
+
+    def capture(self, engine: Any, step: int, save: Callable[[], None]) -> DeepSpeedFiles:
+        save()
+        return _OnDisk()
+
+    def keep(self, obj: Any) -> Any:
+        return obj  # nothing changes it before the save step ends
+
+    def weights(self, module: Any) -> None:
+        return None  # write_weights reads the model itself, in this very step
+
+    def seal(self) -> None:
+        pass
+
+    def start(self, step: int, work: Callable[[], str | None]) -> None:
+        error = work()
+        self._failed = (step, error) if error else None
+
+    def wait(self) -> tuple[int, str] | None:
+        failed, self._failed = self._failed, None
+        return failed
+
+    def gather(self, obj: Any) -> list[Any]:
+        return _gather([obj])
+
+
+@dataclass
+class _Save:
+    """One checkpoint on its way to disk: what the save step captured for the writer."""
+
+    step: int
+    tmp: Path
+    final: Path
+    t0: float  # when the save step began
+    files: DeepSpeedFiles  # DeepSpeed's, as the writer holds them
+    weights: Any  # rank 0: what write_weights writes (None: the model as it is)
+    rng: dict[str, Any]
+    state: dict[str, Any]
+    write_weights: Callable[..., None]
+
+
+def _error_of(work: Callable[[], None]) -> str | None:
+    """The text of what `work` raised, None when it returned: every rank reports its outcome
+    in one gather instead of raising alone while the others wait in a collective."""
+    try:
+        work()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 class Checkpointer:
     """Save/load through a DeepSpeed engine; rank 0 owns the folder operations.
 
-    With checkpoint.async (`background`), `save` takes a host copy and returns while a thread
-    writes it (pretrain/train/async_save.py); `wait()` blocks until it is on disk. Every
+    One save protocol (`save`, then `_write`), two writers: SyncWriter writes in the save
+    step; with checkpoint.async an AsyncWriter (pretrain/train/async_save.py) takes a host
+    copy and returns while a thread writes it, and `wait()` blocks until it is on disk. Every
     save, load and rollback waits for the save in flight first; so do the end of a run
     and a pre-emption (callbacks/checkpointing.py).
     """
@@ -242,15 +305,15 @@ class Checkpointer:
             self.dir.mkdir(parents=True, exist_ok=True)
             clean_leftovers(self.dir)
         # checkpoint.async: the writer thread and its process group (made by every rank)
-        self.background = BackgroundSaves() if cfg.async_ else None
+        self.writer: SyncWriter | AsyncWriter = AsyncWriter() if cfg.async_ else SyncWriter()
         barrier()
 
     def save(self, engine, step: int, state: dict[str, Any], write_weights) -> Path:
         """Write checkpoint `step`; `write_weights(folder, weights=None)` adds the weights
         folder's files (rank 0; `weights`: a host copy of `weights_state(engine.module)`).
 
-        Every rank must call it. Returns the final folder (complete on return, or, in the
-        background, once `wait()` returns).
+        Every rank must call it. Returns the final folder (complete on return, or, with
+        checkpoint.async, once `wait()` returns).
         """
         self.wait()
         tag = step_tag(step)
@@ -259,91 +322,89 @@ class Checkpointer:
         if self.rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
         barrier()
-        if self.background is not None:
-            self._save_in_background(engine, step, state, write_weights, tmp, final)
-            return final
-        engine.save_checkpoint(str(self.dir), tag=tmp.name, client_state={}, save_latest=False)
-        (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
-        torch.save(rng_state(), self._rng_file(tmp))
-        fault_point("after_engine_save", step)
-        barrier()
-        if self.rank == 0:
-            write_weights(tmp)
-            fault_point("after_weights", step)
-        barrier()
-        # Sizes and checksums of every file, the ranks sharing the reading.
-        files = checkpoint_files(tmp)
-        records = _gather(
-            [(rel, file_record(tmp / rel)) for rel in _share(files, self.rank, self.world_size)]
-        )
-        if self.rank == 0:
-            self._commit(step, state, dict(records), tmp, final)
-            say(f"saved checkpoint {final}")
-        barrier()
-        return final
-
-    def _save_in_background(self, engine, step, state, write_weights, tmp, final) -> None:
-        """The save step's part (a host copy of everything), then the writer thread's."""
         t0 = time.perf_counter()
-        host_copy = HostCopy(self.background.buffers)
-        with capture_engine_saves(engine, host_copy) as captured:
-            engine.save_checkpoint(str(self.dir), tag=tmp.name, client_state={}, save_latest=False)
-        weights = host_copy(weights_state(engine.module, dtype=None)) if self.rank == 0 else None
-        rng = rng_state()
-        state = host_copy(state)  # callbacks' lists and dicts go on changing
-        host_copy.seal()
-        if self.rank == 0:
+        w = self.writer
+        files = w.capture(
+            engine,
+            step,
+            lambda: engine.save_checkpoint(
+                str(self.dir), tag=tmp.name, client_state={}, save_latest=False
+            ),
+        )
+        job = _Save(
+            step,
+            tmp,
+            final,
+            t0,
+            files,
+            weights=w.weights(engine.module) if self.rank == 0 else None,
+            rng=rng_state(),
+            state=w.keep(state),  # callbacks' lists and dicts go on changing
+            write_weights=write_weights,
+        )
+        w.seal()
+        if self.rank == 0 and w.asynchronous:
             say(
                 f"writing checkpoint {final} in the background (copied in "
                 f"{time.perf_counter() - t0:.2f} s)"
             )
+        w.start(step, lambda: self._write(job))
+        if not w.asynchronous:
+            self.wait()  # its error, raised now
+        return final
 
-        def write() -> str | None:
-            error, records = None, []
-            try:
-                host_copy.wait()
-                written = write_captured(captured)
-                fault_point("async_write", step)
-                (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
-                torch.save(rng, self._rng_file(tmp))
-                written.append(str(self._rng_file(tmp)))
-                fault_point("after_engine_save", step)
-                if self.rank == 0:
-                    write_weights(tmp, weights)
-                    fault_point("after_weights", step)
-                for path in written:  # this rank's files: durable, then checksummed
-                    _fsync_file(path)
-                    records.append((Path(path).relative_to(tmp).as_posix(), file_record(path)))
-            except Exception as e:
-                error = f"{type(e).__name__}: {e}"
-            return self._commit_when_all_written(step, state, tmp, final, error, records, t0)
+    def _write(self, job: _Save) -> str | None:
+        """(Every rank, in the writer: the save step or the writer thread.) This rank's files;
+        once every rank's are on disk, the sizes and CRC-32s of every file, the ranks sharing
+        the reading; then rank 0 commits. Returns the save's error (the same on every rank),
+        None when it is complete."""
+        error = self._first(self.writer.gather(_error_of(lambda: self._write_own_files(job))))
+        if error:
+            return error
+        records: list[tuple[str, dict]] = []
 
-        self.background.start(step, write)
+        def read_share() -> None:
+            files = checkpoint_files(job.tmp)
+            for rel in _share(files, self.rank, self.world_size):
+                records.append((rel, file_record(job.tmp / rel)))
 
-    def _commit_when_all_written(self, step, state, tmp, final, error, records, t0) -> str | None:
-        """(Writer thread, every rank.) When every rank's files are on disk, rank 0 commits.
-        Returns the error of the save (the same on every rank), None when it is complete."""
-        outcomes = self.background.gather((error, records))
-        where = (lambda k: f" (rank {k})") if self.world_size > 1 else (lambda k: "")
-        failed = [f"{err}{where(k)}" for k, (err, _) in enumerate(outcomes) if err]
-        if failed:
-            return failed[0]
-        error = None
+        outcomes = self.writer.gather((_error_of(read_share), records))
+        error = self._first([err for err, _ in outcomes])
+        if error:
+            return error
         if self.rank == 0:
-            try:
-                recorded = dict(rec for _, part in outcomes for rec in part)
-                for rel in checkpoint_files(tmp):  # the weights folder's files
-                    if rel not in recorded:
-                        recorded[rel] = file_record(tmp / rel)
-                self._commit(step, state, recorded, tmp, final)
-                say(
-                    f"saved checkpoint {final} (in the background: "
-                    f"{time.perf_counter() - t0:.1f} s)"
-                )
-            except Exception as e:
-                error = f"{type(e).__name__}: {e}"
-        error = self.background.gather(error)[0]
-        return f"{error}{where(0)}" if error else None
+            recorded = dict(rec for _, part in outcomes for rec in part)
+            error = _error_of(
+                lambda: self._commit(job.step, job.state, recorded, job.tmp, job.final)
+            )
+            if error is None:
+                took = time.perf_counter() - job.t0
+                how = f" (in the background: {took:.1f} s)" if self.writer.asynchronous else ""
+                say(f"saved checkpoint {job.final}{how}")
+        return self._first(self.writer.gather(error))
+
+    def _write_own_files(self, job: _Save) -> None:
+        written = job.files.write()
+        rng_file = self._rng_file(job.tmp)
+        rng_file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(job.rng, rng_file)
+        written.append(str(rng_file))
+        fault_point("after_engine_save", job.step)
+        if self.rank == 0:
+            # The one-argument call, as ever, where the writer copied no weights.
+            args = () if job.weights is None else (job.weights,)
+            job.write_weights(job.tmp, *args)
+            fault_point("after_weights", job.step)
+        # Durable before rank 0 commits: its fsync of the folder reaches no other node's cache.
+        for path in written:
+            _fsync_file(path)
+
+    def _first(self, errors: list[str | None]) -> str | None:
+        """The first rank's error of a gather, naming the rank when there are several."""
+        for rank, error in enumerate(errors):
+            if error:
+                return f"{error} (rank {rank})" if self.world_size > 1 else error
+        return None
 
     def _commit(self, step: int, state, records: dict, tmp: Path, final: Path) -> None:
         """(Rank 0, every file of every rank on disk.) The marker with the files' `records`,
@@ -376,8 +437,8 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the save in flight (checkpoint.async) is on disk; CheckpointSaveError
-        when it failed (every rank raises it). Nothing to do without one."""
-        done = self.background.wait() if self.background is not None else None
+        when the last save failed (every rank raises it). Nothing to do without one."""
+        done = self.writer.wait()
         if done is not None:
             step, error = done
             raise save_failed(error, self.dir, step)
@@ -469,8 +530,8 @@ def reseed(seed: int, step: int, rank: int) -> None:
 
 def save_failed(e: Exception | str, ckpt_dir: Path, step: int) -> CheckpointSaveError:
     """The error of a save that failed (disk full, quota, I/O): what failed (an exception, or
-    its text from a background save), that the previous checkpoint is intact, and how to
-    resume. A CheckpointSaveError (a background save's, raised at a wait) is returned as is."""
+    its text from the save protocol), that the previous checkpoint is intact, and how to
+    resume. A CheckpointSaveError (the protocol's, raised at a wait) is returned as is."""
     if isinstance(e, CheckpointSaveError):
         return e
     previous = find_resume_tag(ckpt_dir, "none")

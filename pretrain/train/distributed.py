@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pretrain.config import ConfigError
+from pretrain.train.deepspeed_adapter import init_distributed
 
 
 @dataclass(frozen=True)
@@ -125,17 +126,7 @@ def device_for(env: DistEnv) -> torch.device:
 
 def init_process_group(device: torch.device) -> None:
     """deepspeed.init_distributed with the right backend (NCCL on GPU, gloo on CPU)."""
-    import deepspeed
-
-    if device.type == "cpu":
-        # DeepSpeed's TorchBackend JIT-compiles a shared-memory all-reduce (about 45 s on two
-        # cores) that only its inference path uses; training's collectives go through gloo.
-        import deepspeed.ops
-
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-    else:
-        deepspeed.init_distributed(dist_backend="nccl", auto_mpi_discovery=False, verbose=False)
+    init_distributed(device.type)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

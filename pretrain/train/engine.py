@@ -5,7 +5,8 @@ all-reduce, ZeRO 1/2, clipping, AdamW and the LR scheduler. The AdamW is DeepSpe
 FusedAdam on CUDA and torch's fused AdamW (a client optimizer) on CPU; see `optimizer_impl`.
 Its config is generated from ours (`deepspeed_config`), so batch sizes cannot disagree;
 `train.deepspeed` merges extra keys over it for advanced users. The loop that drives the
-engine is pretrain/train/trainer.py.
+engine is pretrain/train/trainer.py; what the toolkit does to DeepSpeed beyond its documented
+API is in pretrain/train/deepspeed_adapter.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from pretrain.model.recompute import KEY as RECOMPUTE_KEY
 from pretrain.model.recompute import recompute_layers
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import load_initial_weights
+from pretrain.train import deepspeed_adapter
 from pretrain.train.schedule import make_scheduler
+from pretrain.train.spikes import SkipStepOptimizer
 
 
 def deepspeed_config(cfg: Config, world_size: int, device: torch.device) -> dict[str, Any]:
@@ -175,13 +178,11 @@ def deepspeed_arch_list(value: str | None) -> str | None:
 
 def build_engine(cfg: Config, world_size: int, device: torch.device, recompute: int):
     """The model, built where it trains (an 8B model never sits in host memory), wrapped in a
-    DeepSpeed engine with AdamW and our LR schedule. Same seed on every rank: identical
-    initial weights (DeepSpeed also broadcasts them). `recompute`: the number of blocks whose
-    activations the backward recomputes (auto already resolved)."""
-    import deepspeed
-    from deepspeed.utils import logger
-
-    logger.setLevel(logging.WARNING)
+    DeepSpeed engine with AdamW and our LR schedule, the optimizer it steps wrapped for the
+    spike guard (SkipStepOptimizer). Same seed on every rank: identical initial weights
+    (DeepSpeed also broadcasts them). `recompute`: the number of blocks whose activations the
+    backward recomputes (auto already resolved)."""
+    deepspeed_adapter.quiet_logs()  # imports DeepSpeed before the seed, as it always was
     t = cfg.train
     torch.manual_seed(t.seed)
     with torch.device(device):
@@ -203,16 +204,16 @@ def build_engine(cfg: Config, world_size: int, device: torch.device, recompute: 
             os.environ[ARCH_LIST] = readable
     if t.loss_backend != "chunked":
         model.loss_fn = functools.partial(linear_cross_entropy, backend=t.loss_backend)
-    engine, _, _, _ = deepspeed.initialize(
+    engine = deepspeed_adapter.initialize(
         model=model,
         optimizer=build_optimizer(cfg, model, device),
         model_parameters=param_groups(model, cfg),
         config=deepspeed_config(cfg, world_size, device),
         lr_scheduler=lambda opt: make_scheduler(opt, cfg.optim.lr, cfg.schedule, t.train_iters),
-        dist_init_required=False,
     )
+    deepspeed_adapter.wrap_stepped_optimizer(engine, SkipStepOptimizer)
     if t.compile:
-        engine.compile()
+        deepspeed_adapter.compile_engine(engine)
     return engine
 
 

@@ -54,6 +54,7 @@ from pretrain.run_layout import (
     fsync_tree,
     tag_step,
 )
+from pretrain.train.deepspeed_adapter import load_universal
 
 # One file per data-parallel rank in a ZeRO-1/2 checkpoint (bf16_ prefix under bf16).
 _PARTITION = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
@@ -152,16 +153,10 @@ def universal_loading(engine, on: bool = True) -> Iterator[None]:
     at initialisation, and one run can need both kinds: after a 2 -> 1 resume, a rollback
     may go back to a checkpoint written by 2 ranks, or by 1. So it is set per load.
     """
-    config = engine._config
-    before = config.load_universal_checkpoint
-    config.load_universal_checkpoint = on
-    try:
-        with warnings.catch_warnings():
-            # DeepSpeed's universal load calls a torch collective that torch deprecates.
-            warnings.filterwarnings("ignore", ".*all_gather_into_tensor", FutureWarning)
-            yield
-    finally:
-        config.load_universal_checkpoint = before
+    with load_universal(engine, on), warnings.catch_warnings():
+        # DeepSpeed's universal load calls a torch collective that torch deprecates.
+        warnings.filterwarnings("ignore", ".*all_gather_into_tensor", FutureWarning)
+        yield
 
 
 __all__ = [

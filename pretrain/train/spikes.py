@@ -4,6 +4,7 @@
     StepGuard       judges each step inside DeepSpeed's step, after the gradient norm is known
                     and before the update, and skips the update when asked (spikes.skip_step);
                     without skip_step or rollback_after, once the step's values are read
+    SkipStepOptimizer  the optimizer wrapper DeepSpeed steps, through which the guard skips
     Unjudged        a step's values, still on the device, that the guard judges later
     Rollback        a rollback: the step it happened at, the checkpoint it went back to, and the
                     data steps it skipped; kept in RUN/rollbacks.json, so a resume skips them too
@@ -18,11 +19,11 @@ stream; nothing else about the data order changes.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
@@ -32,6 +33,12 @@ import torch
 
 from pretrain.config import SpikesConfig
 from pretrain.run_layout import ROLLBACKS_FILE, atomic_write
+from pretrain.train.deepspeed_adapter import (
+    OptimizerWrapper,
+    advance_schedule,
+    inner_optimizer,
+    wrap_stepped_optimizer,
+)
 
 # MAD of a normal distribution is 0.6745 sigma: scaling by 1.4826 makes the robust score
 # comparable to a z-score.
@@ -133,12 +140,48 @@ def _host(value: Any) -> float | None:
 
 
 def _inner_optimizer(engine) -> torch.optim.Optimizer:
-    """The torch optimizer that applies the update: under DeepSpeed's BF16_Optimizer and ZeRO
-    wrappers it is `.optimizer` (stepping the rank's fp32 master partition); otherwise the
-    engine's optimizer itself."""
-    opt = engine.optimizer
-    inner = getattr(opt, "optimizer", None)
-    return inner if isinstance(inner, torch.optim.Optimizer) else opt
+    """The torch optimizer that applies the update (tests read its state through this)."""
+    return inner_optimizer(engine)
+
+
+class SkipStepOptimizer(OptimizerWrapper):
+    """The torch optimizer DeepSpeed steps, wrapped so that a step can be withheld (as
+    OLMo-core's SkipStepOptimizer), installed by build_engine through
+    deepspeed_adapter.wrap_stepped_optimizer. It is given the step's loss (`begin`) before
+    the engine's step; DeepSpeed calls its `step` once the global gradient norm is known and
+    before anything changed, where it reads the norm (`grad_norm`, the adapter's reader) and
+    asks `judge(loss, norm)` whether to skip. A skipped call steps nothing. Without a loss
+    (`begin` not called) it is the inner optimizer."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, grad_norm: Callable[[], Any]) -> None:
+        super().__init__(optimizer)
+        self.grad_norm = grad_norm
+        self.judge: Callable[[Any, Any], bool] | None = None  # None: record, never skip
+        self.latest_loss: Any = None
+        self.latest_grad_norm: Any = None  # the step's norm, as DeepSpeed left it
+        self.called = False  # DeepSpeed called the step (it did not skip it itself)
+        self.skipping = False
+
+    def begin(self, loss: Any) -> None:
+        self.latest_loss, self.latest_grad_norm = loss, None
+        self.called = self.skipping = False
+
+    def end(self) -> tuple[bool, Any]:
+        """(whether DeepSpeed called the step, the step's gradient norm); then forgets them."""
+        out = self.called, self.latest_grad_norm
+        self.latest_loss = self.latest_grad_norm = None
+        self.called = self.skipping = False
+        return out
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        # ZeRO steps once per parameter group: the step is judged at the first call.
+        if self.latest_loss is not None and not self.called:
+            self.called, self.latest_grad_norm = True, self.grad_norm()
+            if self.judge is not None:
+                self.skipping = self.judge(self.latest_loss, self.latest_grad_norm)
+        if self.skipping:
+            return None
+        return super().step(closure)
 
 
 class StepGuard:
@@ -147,12 +190,13 @@ class StepGuard:
 
     Why inside the optimizer: DeepSpeed computes the gradient norm in its own step, then clips
     and calls the inner torch optimizer, then copies the fp32 master weights to the bf16 ones.
-    The guard wraps the inner optimizer's `step`: judged there, the norm is known and nothing
-    has changed yet; a skipped call leaves the master weights, the moments and the per-
-    parameter step counts as they were, and the copy back writes the same bf16 weights. That
-    holds for ZeRO 0, 1 and 2 in fp32 and bf16 (tests/test_train_spikes.py compares the
-    state bit for bit). DeepSpeed's BF16_Optimizer skips a non-finite gradient by itself
-    without calling the inner optimizer; the guard then records a skip with an infinite norm.
+    The guard talks to the SkipStepOptimizer in the inner optimizer's place: judged there, the
+    norm is known and nothing has changed yet; a skipped call leaves the master weights, the
+    moments and the per-parameter step counts as they were, and the copy back writes the same
+    bf16 weights. That holds for ZeRO 0, 1 and 2 in fp32 and bf16 (tests/test_train_spikes.py
+    compares the state bit for bit). DeepSpeed's BF16_Optimizer skips a non-finite gradient by
+    itself without calling the inner optimizer; the guard then records a skip with an
+    infinite norm.
 
     With skip_step on, the LR schedule moves on over a skipped step (DeepSpeed steps it; where
     DeepSpeed skipped the step itself, the guard steps it): the schedule follows the step
@@ -181,11 +225,9 @@ class StepGuard:
         self.flagged_steps: deque[tuple[int, int]] = deque()
         self.skipped_total = 0  # skipped steps in the run's history
         self._pending: tuple[int, int, Any] | None = None  # step, data step, loss (device)
-        self._stepped = False  # the inner optimizer was called in this step
-        self._norm: Any = None  # the step's gradient norm, as DeepSpeed left it
         self._verdict: Verdict | None = None
-        self._engine = None
-        self._stage0_norm: Any = None
+        self._engine: Any = None
+        self._optimizer: SkipStepOptimizer | None = None
 
     @property
     def synchronous(self) -> bool:
@@ -193,69 +235,38 @@ class StepGuard:
         return bool(self.cfg.skip_step or self.cfg.rollback_after)
 
     def install(self, engine) -> None:
-        self._engine = engine
-        inner = _inner_optimizer(engine)
-        original = inner.step
+        """Talk to the engine's SkipStepOptimizer (build_engine put it in; an engine built
+        otherwise gets one here)."""
+        optimizer = wrap_stepped_optimizer(engine, SkipStepOptimizer)
+        if not isinstance(optimizer, SkipStepOptimizer):
+            raise TypeError(f"the engine steps a {type(optimizer).__name__}, not a guard's")
+        optimizer.judge = self._judge_in_step if self.synchronous else None
+        self._engine, self._optimizer = engine, optimizer
 
-        @functools.wraps(original)
-        def guarded_step(*args, **kwargs):
-            # ZeRO calls the inner step once per parameter group: judge on the first call.
-            if self._pending is not None and not self._stepped:
-                self._stepped, self._norm = True, self._read_grad_norm()
-                if self.synchronous:
-                    step, data_step, loss = self._pending
-                    self._verdict = self._judge(step, data_step, float(loss), _host(self._norm))
-            if self._verdict is not None and self._verdict.skipped:
-                return None
-            return original(*args, **kwargs)
-
-        inner.step = guarded_step
-        if inner is engine.optimizer:  # ZeRO 0 in fp32: the engine clips, and keeps no norm
-
-            def clip_and_keep_norm():
-                from deepspeed.runtime.utils import clip_grad_norm_
-
-                self._stage0_norm = clip_grad_norm_(
-                    parameters=engine.module.parameters(),
-                    max_norm=engine.gradient_clipping(),
-                    mpu=engine.mpu,
-                )
-
-            engine.clip_fp32_gradients = clip_and_keep_norm
-
-    def _read_grad_norm(self) -> Any:
-        """The step's global gradient norm as DeepSpeed keeps it: a device tensor (not read
-        here), a float, or None where DeepSpeed reports none."""
-        engine = self._engine
-        opt = engine.optimizer
-        if opt is _inner_optimizer(engine):  # ZeRO 0, fp32
-            if engine.gradient_clipping() > 0:
-                return self._stage0_norm
-            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-            return torch.nn.utils.get_total_norm(grads) if grads else None
-        norm = getattr(opt, "_global_grad_norm", None)
-        # DeepSpeed assigns a new tensor each step; a copy keeps this step's value regardless.
-        return norm.detach().clone() if isinstance(norm, torch.Tensor) else norm
+    def _judge_in_step(self, loss: Any, grad_norm: Any) -> bool:
+        step, data_step, _ = self._pending
+        self._verdict = self._judge(step, data_step, float(loss), _host(grad_norm))
+        return self._verdict.skipped
 
     def begin(self, step: int, data_step: int, loss: Any) -> None:
         """Called with the step's all-reduced loss (a 0-d tensor, or a float), before the
         engine's boundary step."""
-        self._pending = (step, data_step, loss)
-        self._stepped, self._norm, self._verdict, self._stage0_norm = False, None, None, None
+        self._pending, self._verdict = (step, data_step, loss), None
+        self._optimizer.begin(loss)
 
     def finish(self) -> Verdict | Unjudged:
         """After the engine's boundary step: the step's verdict when `synchronous`, else its
         values for `judge`."""
         step, data_step, loss = self._pending
-        skipped = not self._stepped  # DeepSpeed skipped the update itself: non-finite gradients
-        norm = float("inf") if skipped else self._norm
+        called, norm = self._optimizer.end()
+        skipped = not called  # DeepSpeed skipped the update itself: non-finite gradients
+        norm = float("inf") if skipped else norm
         out: Verdict | Unjudged = Unjudged(step, data_step, loss, norm, skipped)
         if self.synchronous:
             out = self._verdict or self._judge(step, data_step, float(loss), norm, skipped)
-            scheduler = self._engine.lr_scheduler
-            if skipped and self.cfg.skip_step and scheduler is not None:
-                scheduler.step()  # DeepSpeed holds the schedule on its own skips; we do not
-        self._pending, self._verdict, self._norm = None, None, None
+            if skipped and self.cfg.skip_step:
+                advance_schedule(self._engine)  # DeepSpeed holds the schedule; we do not
+        self._pending, self._verdict = None, None
         return out
 
     def judge(self, step: Unjudged, loss: float, grad_norm: float | None) -> Verdict:
@@ -385,6 +396,7 @@ class DataWindows:
 __all__ = [
     "DataWindows",
     "Rollback",
+    "SkipStepOptimizer",
     "Spike",
     "SpikeDetector",
     "StepGuard",
