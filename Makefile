@@ -11,7 +11,7 @@ HAS_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
 TORCH_WHEELS ?= /opt/wheels
 UV_VERSION   := 0.13.9
 
-.PHONY: venv quickstart test test-latest test-exports gpu-check gpu-wheels lock lint clean
+.PHONY: venv quickstart test test-quick test-latest test-exports gpu-check gpu-wheels lock lint clean
 
 venv: $(VENV)/.installed
 
@@ -35,6 +35,20 @@ quickstart: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# The inner loop (docs/reproducibility.md, "The suite's time"): model, data, config, planner,
+# export and architecture unit tests and one short end-to-end training run (the golden run),
+# about a minute on 2 cores; `make test` before a commit.
+QUICK_TESTS := tests/test_architecture.py tests/test_model.py tests/test_model_rope.py \
+	tests/test_model_attention_dispatch.py tests/test_model_documents.py \
+	tests/test_model_stability.py tests/test_model_memory.py tests/test_model_info.py \
+	tests/test_data_dataset.py tests/test_data_documents.py tests/test_tokenizer.py \
+	tests/test_train_config.py tests/test_train_schedule.py tests/test_train_metrics_path.py \
+	tests/test_train_golden.py tests/test_hf_parity.py tests/test_eval_metrics.py \
+	tests/test_eval_position_plots.py
+QUICK_PLAN := "not paper_plan and not cpu_allocator and not cli_plan and not choose_takes"
+test-quick: venv
+	$(PY) -m pytest -q --durations=5 $(QUICK_TESTS) "tests/test_plan.py" -k $(QUICK_PLAN)
 
 # The GPU acceptance run (docs/performance.md, "Measured on a GPU"): the stages not done yet
 # that fit in one 10-minute command; run it again until it says all done (exit 75 = stages

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The suite's time budget: the slow-test guard and the time per file (tests/suite_budget.py).
+pytest_plugins = ["suite_budget"]
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
 

@@ -392,6 +392,10 @@ def log_of(jobs, job_id: str) -> str:
 
 
 # The pre-emption test runs first: it must signal its job while that job still runs.
+@pytest.mark.slow(
+    reason="waits for one real Slurm job through a pre-emption, a requeue, a hang and a "
+    "second requeue to its end; the other jobs of the module run meanwhile"
+)
 def test_preempted_job_requeues_and_ends_like_uninterrupted(cluster, jobs):
     job = jobs["ids"]["preempted"]
     metrics = jobs["preempted"] / "metrics.jsonl"

@@ -1,0 +1,67 @@
+"""The suite's time is a budget (docs/reproducibility.md, "The suite's time"): `make test`
+within 10 minutes on CI's 2 cores, `make test-quick` within 2. A pytest plugin (conftest.py
+loads it):
+
+- a test whose setup and call take over `slow_limit_s` (pyproject.toml, 60 s) fails unless
+  it is marked `@pytest.mark.slow(reason="...")` saying why it costs that much, so the budget
+  cannot erode one test at a time;
+- the end of every run prints the seconds per test file, slowest first: the table in
+  docs/reproducibility.md comes from CI's log.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+_SETUP_SECONDS = pytest.StashKey[float]()
+
+
+def pytest_addoption(parser) -> None:
+    parser.addini(
+        "slow_limit_s",
+        "seconds of setup + call over which a test must be marked slow(reason=...)",
+        default="60",
+    )
+
+
+def slow_reason(item) -> str:
+    """The reason given by the item's `slow` mark ('' without a mark or a reason)."""
+    mark = item.get_closest_marker("slow")
+    if mark is None:
+        return ""
+    return str(mark.kwargs.get("reason") or (mark.args[0] if mark.args else ""))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "setup":
+        item.stash[_SETUP_SECONDS] = call.duration
+    if call.when != "call" or not report.passed:
+        return
+    limit = float(item.config.getini("slow_limit_s"))
+    seconds = item.stash.get(_SETUP_SECONDS, 0.0) + call.duration
+    if seconds > limit and not slow_reason(item):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} took {seconds:.1f} s (setup and call), over the {limit:g} s a test "
+            f"may take (slow_limit_s): make it cheaper (docs/reproducibility.md, \"The suite's "
+            f'time"), or mark it @pytest.mark.slow(reason="...") saying why it costs that much'
+        )
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Seconds per test file (setup, call and teardown of its tests), slowest first."""
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) in ("setup", "call", "teardown"):
+                path = r.nodeid.split("::")[0]
+                per_file[path] = per_file.get(path, 0.0) + r.duration
+    if not per_file:
+        return
+    total = sum(per_file.values())
+    terminalreporter.write_sep("=", f"time per test file ({total:.0f} s in tests)")
+    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:5.1f}%  {path}")
