@@ -439,6 +439,24 @@ class WandbConfig:
 
 
 @dataclass
+class DownstreamConfig:
+    """In-loop downstream evaluation (docs/evaluation.md, "In-loop downstream evaluation"):
+    the offline tool's tasks, scored by the training model between steps. Off while `tasks`
+    is empty (the paper's runs evaluated offline only)."""
+
+    # Task names or suites, as tools/evaluate.py --tasks (any task with local data).
+    tasks: list[str] = field(default_factory=list)
+    data_dir: str | None = None  # the local task data, as tools/evaluate.py --data-dir
+    # The same examples every time: `examples` per task (all when fewer), drawn with `seed`
+    # and recorded in RUN/downstream/examples.json, so tools/evaluate.py can score them too.
+    examples: int = 500
+    seed: int = 1234
+    interval: int = 1000  # every N steps and at the end; 0 = at the end only
+    batch_size: int = 64  # sequences per forward, as the offline adapter's batch_size
+    max_batch_tokens: int | None = None  # padded tokens per forward; null = the adapter's
+
+
+@dataclass
 class Config:
     """One training run. YAML sections map to these fields; see docs/configuration.md."""
 
@@ -451,6 +469,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     spikes: SpikesConfig = field(default_factory=SpikesConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
     # Your own callbacks (docs/training.md, "Callbacks"): each entry names a class by its
     # dotted path under `class:`; the other keys are passed to its constructor.
     #   callbacks: [{class: mylab.probes.GradHistogram, every: 100}]
@@ -723,6 +742,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "DownstreamConfig",
     "FaultConfig",
     "LoggingConfig",
     "ModelConfig",

@@ -74,6 +74,56 @@ def check_run(cfg: Config, world_size: int, check_data: bool = True) -> None:
             # The source exists and has this model's shape: fail now, not after the data.
             init_from_source(cfg.checkpoint.init_from, cfg.model)
     check_wandb(cfg)
+    check_downstream(cfg)
+
+
+def check_downstream(cfg: Config) -> None:
+    """downstream.*: known tasks with local data, before anything is built (the tasks'
+    lengths against the model's context need the tokenizer: the evaluator checks those at
+    set-up, before the first step)."""
+    d = cfg.downstream
+    if not d.tasks:
+        return
+    # Late: the task registry lives with the evaluation layer, and only these runs need it.
+    from pretrain.eval.tasks import TASKS_DIR, resolve_tasks
+    from pretrain.eval.tasks.convert import EvalDataError, find_source
+
+    for key in ("examples", "batch_size"):
+        if not isinstance(getattr(d, key), int) or getattr(d, key) <= 0:
+            raise ConfigError(f"downstream.{key}={getattr(d, key)!r} must be a positive integer")
+    if d.interval < 0:
+        raise ConfigError(
+            f"downstream.interval={d.interval} must be >= 0 (steps; 0 = at the end only)"
+        )
+    if d.max_batch_tokens is not None and d.max_batch_tokens <= 0:
+        raise ConfigError(
+            f"downstream.max_batch_tokens={d.max_batch_tokens} must be positive (or null)"
+        )
+    offline = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+    try:
+        tasks = resolve_tasks(",".join(d.tasks))
+    except EvalDataError as e:
+        raise ConfigError(f"downstream.tasks: {e}") from None
+    for task in tasks:
+        if task not in offline:
+            raise ConfigError(
+                f"downstream.tasks: unknown task {task!r}; tasks with local data: "
+                f"{', '.join(offline)} (or the suite 'paper')"
+            )
+    if not d.data_dir:
+        raise ConfigError(
+            "downstream.data_dir is not set; point it at the local task data "
+            "(the folder tools/evaluate.py --data-dir reads, e.g. ../shared/data/evals)"
+        )
+    if not Path(d.data_dir).is_dir():
+        raise ConfigError(f"downstream.data_dir={d.data_dir} is not a folder on this machine")
+    for task in tasks:
+        try:
+            find_source(task, d.data_dir)
+        except EvalDataError as e:
+            raise ConfigError(
+                f"downstream.tasks: {e}, or leave {task} out of downstream.tasks"
+            ) from None
 
 
 def _check_train(cfg: Config) -> None:

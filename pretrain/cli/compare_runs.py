@@ -20,7 +20,13 @@ import argparse
 from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.eval.compare import compare, markdown_report, position_curves, to_csv
+from pretrain.eval.compare import (
+    compare,
+    markdown_report,
+    plot_downstream,
+    position_curves,
+    to_csv,
+)
 from pretrain.eval.lengths import parse_rope_scaling, scaling_tag
 from pretrain.eval.position_plots import plot_position_curves
 from pretrain.run_layout import atomic_write
@@ -87,6 +93,14 @@ def main(argv=None) -> int:
         "curve; default: the buckets as evaluated (every position below 256)",
     )
     p.add_argument(
+        "--downstream-plot",
+        default=None,
+        metavar="PNG",
+        help="also plot the in-loop downstream metrics (downstream.* of the runs' configs) "
+        "against tokens trained, one panel per task and metric, each group's mean over its "
+        "seeds with a ± std band, to this PNG",
+    )
+    p.add_argument(
         "--rope-scaling",
         default=None,
         metavar="SPEC",
@@ -115,4 +129,6 @@ def main(argv=None) -> int:
         print(f"wrote {plot_loss_curves(args.runs, args.plot)}")
     if curves is not None:
         print(f"wrote {plot_position_curves(curves, args.positions_plot)}")
+    if args.downstream_plot:
+        print(f"wrote {plot_downstream(groups, args.downstream_plot)}")
     return 0

@@ -283,6 +283,86 @@ def position_curves(groups: list[Group], per_octave: int | None = None) -> list[
     return curves
 
 
+# ----------------------------------------------------------------------------- downstream
+
+DOWNSTREAM_PREFIX = "downstream/"
+
+
+def downstream_series(run: str | Path) -> dict[str, dict[int, float]]:
+    """{task/metric: {tokens trained: value}} of a run's in-loop downstream evaluation
+    (downstream.* in its config). A step evaluated twice (a rollback revisited it) keeps
+    its last value, the one of the weights the run went on with."""
+    run = Path(run)
+    cfg = _read_config(run) or {}
+    train, model = cfg.get("train") or {}, cfg.get("model") or {}
+    per_step = int(train.get("global_batch_size") or 1) * int(
+        train.get("seq_len") or model.get("max_seq_len") or 1
+    )
+    out: dict[str, dict[int, float]] = {}
+    for row in read_metrics(run):
+        for key, value in row.items():
+            if key.startswith(DOWNSTREAM_PREFIX) and key != "downstream/seconds":
+                name = key[len(DOWNSTREAM_PREFIX) :]
+                out.setdefault(name, {})[int(row["step"]) * per_step] = float(value)
+    return out
+
+
+def downstream_bands(
+    groups: list[Group],
+) -> dict[str, list[tuple[str, list[int], list[float], list[float]]]]:
+    """{task/metric: [(group label, tokens, mean, sample std or 0 for one seed)]}: each
+    group's seeds at the token counts they all evaluated."""
+    out: dict[str, list[tuple[str, list[int], list[float], list[float]]]] = {}
+    for g in groups:
+        series = [downstream_series(r.path) for r in g.runs]
+        for name in sorted(set().union(*series)):
+            have = [s[name] for s in series if name in s]
+            xs = sorted(set.intersection(*(set(h) for h in have)))
+            if not xs:
+                continue
+            means = [statistics.fmean(h[x] for h in have) for x in xs]
+            stds = [statistics.stdev(h[x] for h in have) if len(have) > 1 else 0.0 for x in xs]
+            out.setdefault(name, []).append((g.label, xs, means, stds))
+    return out
+
+
+def plot_downstream(groups: list[Group], out: str | Path) -> Path:
+    """One panel per task/metric against tokens trained: each group's mean over its seeds,
+    with a band of ± one standard deviation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pretrain.eval.plots import save_png
+
+    bands = downstream_bands(groups)
+    if not bands:
+        raise CompareError(
+            "no run has downstream/* values: train with downstream.tasks set "
+            "(docs/evaluation.md, 'In-loop downstream evaluation')"
+        )
+    cols = min(4, len(bands))
+    rows = math.ceil(len(bands) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, (name, lines) in zip(axes.flat, bands.items(), strict=False):
+        for label, xs, means, stds in lines:
+            (line,) = ax.plot(xs, means, marker=".", label=label)
+            lo = [m - s for m, s in zip(means, stds, strict=True)]
+            hi = [m + s for m, s in zip(means, stds, strict=True)]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+        if name.endswith("perplexity"):
+            ax.set_yscale("log")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("tokens")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(bands) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    return save_png(fig, out)
+
+
 def to_csv(runs: list[RunSummary], groups: list[Group]) -> str:
     """One row per run and one per group (kind = run | group); groups have *_std columns.
     Where runs have a positions.json, also one row per group and length (kind = length) with

@@ -145,6 +145,11 @@ class PretrainLM(TemplateLM):
                     NoPE models past their training length, learned positions refuse)
         rope_scaling  RoPE scaling at evaluation: TYPE:FACTOR (yarn:4) or a mapping
         tokenizer   tokenizer spec overriding the checkpoint's tokenizer/ folder
+
+    In a training process (pretrain/train/evaluators/downstream.py): `model=` the training
+    model itself, `distributed=True` to take this process's rank in the initialized process
+    group (the harness then scores every world_size-th document here and gathers the
+    results on rank 0), `progress=False` to keep progress bars off the training log.
     """
 
     backend = "causal"
@@ -165,9 +170,15 @@ class PretrainLM(TemplateLM):
         max_batch_size: int | None = None,
         rope_scaling: Any = None,
         documents: DocumentSwitches | None = None,
+        distributed: bool = False,
+        progress: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__()
+        self.progress = progress
+        if distributed and torch.distributed.is_available() and torch.distributed.is_initialized():
+            self._rank = torch.distributed.get_rank()
+            self._world_size = torch.distributed.get_world_size()
         if kwargs:
             log.warning("pretrain model: ignoring unknown model_args %s", sorted(kwargs))
         if model is None:
@@ -269,12 +280,33 @@ class PretrainLM(TemplateLM):
     def tok_decode(self, tokens: Sequence[int]) -> str:
         return self.tok.decode(list(tokens))
 
+    # ------------------------------------------------------------------ ranks
+    # What lm-eval's evaluate() needs to shard documents over the ranks and gather them.
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        if self.world_size == 1:
+            return [obj]
+        # all_gather_object rather than gather_object: NCCL has no gather of objects.
+        parts: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(parts, obj)
+        return parts if self.rank == dst else None
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
     # ------------------------------------------------------------------ scoring
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         # TemplateLM tokenizes the requests in order: remember their tasks for error messages.
         self._request_tasks = [getattr(r, "task_name", None) for r in requests]
         try:
-            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress)
         finally:
             self._request_tasks = None
 
@@ -422,6 +454,7 @@ class PretrainLM(TemplateLM):
         )
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        disable_tqdm = disable_tqdm or not self.progress
         windows: list[Request] = []
         counts = []
         for (text,) in tqdm(

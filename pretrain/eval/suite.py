@@ -18,6 +18,7 @@ import datetime as _dt
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,12 +130,17 @@ def run_harness(
     skip_missing: bool = False,
     bootstrap_iters: int | None = None,
     lm=None,
+    samples: dict[str, list[int]] | None = None,
+    log_samples: bool = False,
 ) -> tuple[dict[str, Any], dict[str, str], tuple[int, int]]:
     """Run `lm_eval.simple_evaluate` on our model.
 
     Returns (results, skipped tasks -> why, (truncated requests, requests)). With
     `skip_missing`, tasks whose data files are missing, and tasks with continuations longer
     than the model's context, are skipped; without it they stop the evaluation with one line.
+    `samples`: the documents to score per task (indices, as a training run's in-loop
+    evaluation records them in RUN/downstream/examples.json); `log_samples` keeps each
+    document's scores in results["samples"] (`downstream_scalars` reads them).
     """
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -180,8 +186,9 @@ def run_harness(
                 tasks=specs,
                 num_fewshot=num_fewshot,
                 limit=limit,
+                samples={k: v for k, v in samples.items() if k in names} if samples else None,
                 task_manager=task_manager,
-                log_samples=False,
+                log_samples=log_samples,
                 **({"bootstrap_iters": bootstrap_iters} if bootstrap_iters is not None else {}),
             )
             break
@@ -217,6 +224,118 @@ def run_harness(
         results["config"]["model"] = "pretrain"  # as `lm_eval --model pretrain` would record it
     truncated = (getattr(lm, "requests_truncated", 0), getattr(lm, "requests_scored", 0))
     return results, skipped, truncated
+
+
+# ----------------------------------------------------------------------------- in-loop
+# What a training run's in-loop evaluation (pretrain/train/evaluators/downstream.py) shares
+# with this tool: the same task configs, the same harness call, the same figures.
+
+
+def local_tasks(tasks: Sequence[str], data_dir: str | Path) -> tuple[Any, dict[str, Any]]:
+    """(task manager, {task: lm-eval Task}) reading `data_dir`'s local data: the configs
+    `run_harness(data_dir=...)` evaluates, loaded once (a run evaluates them many times)."""
+    from lm_eval.tasks import TaskManager
+
+    data_dir = Path(data_dir)
+    specs = local_task_configs(tasks, data_dir, prepared_data_dir(data_dir))
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    loaded = manager.load(specs)["tasks"]
+    for task in loaded.values():  # as simple_evaluate leaves them: zero-shot unless set
+        if task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+    return manager, {name: loaded[name] for name in tasks}
+
+
+def choose_examples(task_objs: dict[str, Any], n: int, seed: int) -> dict[str, list[int]]:
+    """`n` documents per task (all when it has fewer), sorted: a draw of its own generator
+    seeded by (seed, task), so the choice is the same in every process and every run, and
+    adding a task changes no other task's examples."""
+    import random
+
+    out = {}
+    for name, task in task_objs.items():
+        total = len(task.eval_docs)
+        rng = random.Random(f"{seed}/{name}")  # a string seed hashes the same everywhere
+        out[name] = sorted(rng.sample(range(total), min(n, total)))
+    return out
+
+
+def harness_on(
+    lm: Any,
+    task_objs: dict[str, Any],
+    manager: Any,
+    samples: dict[str, list[int]] | None,
+) -> dict[str, Any] | None:
+    """`lm_eval.simple_evaluate` as run_harness calls it, on loaded tasks, keeping each
+    document's scores, and drawing from no global random generator (a training process's
+    generators are the run's). None on ranks other than 0."""
+    import lm_eval
+
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=list(task_objs.values()),
+        task_manager=manager,
+        samples=samples,
+        log_samples=True,
+        bootstrap_iters=0,
+        random_seed=None,
+        numpy_random_seed=None,
+        torch_random_seed=None,
+        verbosity="WARNING",
+    )
+
+
+def _gold(task: Any, doc: dict[str, Any]) -> int:
+    """The index of the gold request of a multiple-choice document, as lm-eval's
+    process_results finds it (the gold context for a task of several contexts)."""
+    gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
+    if isinstance(gold, str):
+        gold = task.doc_to_choice(doc).index(gold)
+    if isinstance(gold, list):  # several right answers: the first
+        gold = gold[0]
+    return int(gold)
+
+
+def sample_loglikelihoods(results: dict[str, Any]) -> dict[str, dict[int, list[float]]]:
+    """{task: {document index: the loglikelihood of each of its requests}} from results
+    kept with log_samples."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for task, examples in (results.get("samples") or {}).items():
+        out[task] = {
+            int(ex["doc_id"]): [float(r[0]) for r in ex["filtered_resps"]]
+            for ex in examples
+            if all(isinstance(r, tuple | list) for r in ex["filtered_resps"])
+        }
+    return out
+
+
+def downstream_scalars(results: dict[str, Any], task_objs: dict[str, Any]) -> dict[str, float]:
+    """{task/metric: value}: the harness's acc, acc_norm and perplexity, and bits per byte
+    of the gold continuation (its summed loglikelihood over its UTF-8 bytes, over the
+    task's documents) for every multiple-choice and loglikelihood task."""
+    import math
+
+    out: dict[str, float] = {}
+    for task, metrics in results["results"].items():
+        for key, value in metrics.items():
+            name, _, filt = key.partition(",")
+            if name in ("acc", "acc_norm", "perplexity") and filt == "none":
+                out[f"{task}/{name}"] = float(value)
+        obj = task_objs.get(task)
+        kind = obj.OUTPUT_TYPE if obj is not None else None
+        nll, nbytes = 0.0, 0
+        for ex in (results.get("samples") or {}).get(task, []):
+            if kind == "multiple_choice":
+                i = _gold(obj, ex["doc"])
+            elif kind == "loglikelihood":
+                i = 0
+            else:
+                break
+            nll -= float(ex["filtered_resps"][i][0])
+            nbytes += len(ex["arguments"][i][1].encode("utf-8"))
+        if nbytes:
+            out[f"{task}/bits_per_byte"] = nll / math.log(2) / nbytes
+    return out
 
 
 def evaluate_validation(
@@ -553,6 +672,11 @@ def evaluate(
 
 __all__ = [
     "EvalError",
+    "choose_examples",
+    "downstream_scalars",
+    "harness_on",
+    "local_tasks",
+    "sample_loglikelihoods",
     "EvalOutcome",
     "default_output_dir",
     "evaluate",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import load_config
+from pretrain.planner.downstream import DownstreamCost, downstream_cost
 from pretrain.planner.gpus import DEFAULT_MFU, GPUS, GiB
 from pretrain.planner.search import Plan, choose, plan_run
 from pretrain.run_layout import atomic_write
@@ -30,6 +31,13 @@ def time_limit_hours(executed_run_hours: float) -> int:
 def slurm_hours(plan: Plan, mfu: float = DEFAULT_MFU) -> int:
     """`time_limit_hours` of a plan, the run at `mfu` of the peak."""
     return time_limit_hours(plan.run_time(mfu) * plan.recompute_ratio / 3600)
+
+
+def _downstream(cfg: Any, plan: Plan, mfu: float) -> DownstreamCost | None:
+    attention = 12 * cfg.model.n_layers * cfg.model.n_heads * cfg.model.head_dim * plan.seq_len
+    n_matmul = (plan.model_flops - attention) / 6  # flops_per_token's 6 x N_matmul
+    train_flops = plan.executed_flops * plan.tokens_per_step * plan.steps
+    return downstream_cost(cfg, train_flops, plan.run_time(mfu), n_matmul)
 
 
 def plan_paper_run(
@@ -67,6 +75,12 @@ def plan_paper_run(
         "run_hours": round(as_is.run_time(mfu) / 3600, 2),
         "gpu_hours": round(as_is.gpu_hours(mfu)),
     }
+    cost = _downstream(cfg, as_is, mfu)
+    if cost is not None:  # in-loop downstream evaluation: its time is the run's too
+        row["run_hours"] = round((as_is.run_time(mfu) + cost.seconds) / 3600, 2)
+        row["gpu_hours"] = round(row["run_hours"] * world_size)
+        row["downstream_hours"] = round(cost.seconds / 3600, 3)
+        row["downstream_share"] = round(cost.share, 5)
     if auto is not None:
         row["auto_h200"] = {
             "micro_batch": auto.micro_batch,

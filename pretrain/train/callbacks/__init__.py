@@ -88,16 +88,23 @@ def callback_class(spec: dict[str, Any], key: str = "callbacks[0]") -> type:
 
 
 def build_evaluators(cfg, eval_enabled: bool) -> list[Evaluator]:
-    """The evaluators a run has: validation (train.eval_interval) and the `callbacks:`
-    entries that name an evaluator. Without validation data none runs: each scores it."""
+    """The evaluators a run has: validation (train.eval_interval), the `callbacks:` entries
+    that name an evaluator, and the downstream tasks (`downstream.tasks`). Without
+    validation data only the downstream tasks run: the others score it."""
+    downstream: list[Evaluator] = []
+    if cfg.downstream.tasks:
+        # Imported here: only a run that asks for downstream tasks loads lm-eval.
+        from pretrain.train.evaluators.downstream import DownstreamEvaluation
+
+        downstream.append(DownstreamEvaluation(cfg.downstream))
     if not eval_enabled:
-        return []
+        return downstream
     out: list[Evaluator] = [Validation(cfg.train.eval_interval)]
     for i, spec in enumerate(cfg.callbacks):
         cls = callback_class(spec, f"callbacks[{i}]")
         if issubclass(cls, Evaluator):
             out.append(cls(**{k: v for k, v in spec.items() if k != "class"}))
-    return out
+    return out + downstream
 
 
 class _EndSummary(Callback):
