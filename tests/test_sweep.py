@@ -1,9 +1,10 @@
-"""The paper grid: checked-in configs and job scripts equal what the grid generates, load with
-the trainer's loader, carry the paper's settings, and the shell scripts pass bash -n and
-shellcheck."""
+"""The shipped studies (studies/partial_rope.yaml, char_theta.yaml, nanogpt_rope_enwik8.yaml):
+checked-in configs and job scripts equal what the studies write, load with the trainer's
+loader, carry the paper's settings, and the shell scripts pass bash -n and shellcheck."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -16,15 +17,17 @@ import pytest
 from conftest import missing
 
 from pretrain.config import load_config
+from pretrain.planner import PAPER_PLAN
+from pretrain.study import StudyError, load_study
 from pretrain.sweep import (
     GENERATED,
+    Run,
     Slurm,
     paper_runs,
-    plan_rows,
-    stale_files,
+    shipped_stale_files,
     time_limit_s,
     with_slurm,
-    write_files,
+    write_shipped,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,22 +36,38 @@ SHELL_SCRIPTS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "slurm").
 ]
 
 
-def test_checked_in_files_equal_the_grid():
-    stale = stale_files(REPO)
-    assert not stale, f"run `python tools/sweep.py write`; these differ from the grid: {stale}"
+def plan_rows() -> dict[str, dict]:
+    return {r["name"]: r for r in json.loads(PAPER_PLAN.read_text())["runs"]}
+
+
+def study_checkout(tmp_path: Path) -> Path:
+    """A checkout's studies/ and what they read (presets, the paper's plan), nothing written."""
+    shutil.copytree(REPO / "studies", tmp_path / "studies")
+    shutil.copytree(REPO / "configs" / "models", tmp_path / "configs" / "models")
+    (tmp_path / "pretrain").mkdir()
+    shutil.copy(PAPER_PLAN, tmp_path / "pretrain" / PAPER_PLAN.name)
+    return tmp_path
+
+
+def test_checked_in_files_equal_the_studies():
+    stale = shipped_stale_files(REPO)
+    assert not stale, f"run `python tools/sweep.py write`; these differ from their study: {stale}"
 
 
 def test_drift_is_detected(tmp_path):
-    """A hand edit, a missing file and a file the grid does not know are all reported."""
+    """A hand edit, a missing file and a generated file no study writes are all reported."""
+    study_checkout(tmp_path)
     (tmp_path / "slurm").mkdir()
-    write_files(tmp_path)
-    assert stale_files(tmp_path) == []
+    assert len(write_shipped(tmp_path)) == 50 + 50 + 18 + 1 + 2  # configs, scripts, arrays
+    assert shipped_stale_files(tmp_path) == []
+    assert write_shipped(tmp_path) == []
     script = tmp_path / "slurm" / "llama1b_rope10.sh"
     script.write_text(script.read_text().replace("--nodes=4", "--nodes=2"))
     (tmp_path / "configs" / "paper" / "llama8b_rope50.yaml").unlink()
-    (tmp_path / "configs" / "paper" / "llama1b_rope11.yaml").write_text("{}\n")
+    (tmp_path / "configs" / "paper" / "llama1b_rope11.yaml").write_text(f"# {GENERATED}\n")
     (tmp_path / "slurm" / "old_run.sh").write_text(f"# {GENERATED}\n")
-    assert sorted(stale_files(tmp_path)) == sorted(
+    (tmp_path / "slurm" / "handmade.sh").write_text("# not generated\n")
+    assert sorted(shipped_stale_files(tmp_path)) == sorted(
         [
             "slurm/llama1b_rope10.sh",
             "configs/paper/llama8b_rope50.yaml",
@@ -176,25 +195,37 @@ def test_config_trains_the_papers_budget_and_shape(run):
     assert cfg.logging.run_dir == f"runs/{name}"
 
 
-def test_budget_guard():
-    """A run that trains another budget is reported; a layout that cannot hold its batch is
-    refused before anything is written."""
-    from dataclasses import replace
-
-    from pretrain.sweep import budget_warnings, config_dict
-
-    run = paper_runs()[0]
-    assert budget_warnings([run]) == []
-    bigger = replace(run, global_batch=8192)
-    (line,) = budget_warnings([bigger])
-    assert run.name in line and f"{2 * PAPER_TOKENS:,}" in line and f"{PAPER_TOKENS:,}" in line
-    with pytest.raises(ValueError, match="micro batch 48 x 32 ranks"):
-        config_dict(replace(run, micro_batch=48))
-    with pytest.raises(ValueError, match="seq_len 3000 does not divide"):
-        config_dict(replace(run, seq_len=3000))
-    # A 2-node layout of the same run needs twice the accumulation, same tokens.
-    two_nodes = with_slurm(run, nodes=2)
-    assert (two_nodes.grad_accum, two_nodes.total_tokens) == (4, PAPER_TOKENS)
+def test_budget_guard(tmp_path):
+    """The paper's budget is the study's rules: a sequence length that does not divide the
+    tokens per step, or a Slurm layout that cannot hold the batch, is refused before anything
+    is written; a 2-node layout trains the same tokens with twice the accumulation."""
+    study_checkout(tmp_path)
+    path = tmp_path / "studies" / "partial_rope.yaml"
+    text = path.read_text()
+    path.write_text(text.replace("{seq: [1024, 4096, 8192]}", "{seq: [1024, 3000]}"))
+    path.write_text(
+        path.read_text().replace(
+            "values: [1024, 2048, 4096, 8192]", "values: [1024, 2048, 3000, 4096, 8192]"
+        )
+    )
+    with pytest.raises(StudyError, match="train.seq_len=3000 is not in its table"):
+        load_study(path)
+    path.write_text(
+        text.replace(
+            "micro_batch_size: {train.seq_len: {1024: 128,",
+            "micro_batch_size: {train.seq_len: {1024: 96,",
+        )
+    )
+    with pytest.raises(
+        StudyError,
+        match=r"llama1b_seq1024_rope0 \(rule train.global_batch_size, rule train.micro_batch_size\) on 32 ranks.*96 x world size 32",
+    ):
+        load_study(path)
+    path.write_text(text.replace("  nodes: 4\n", "  nodes: 2\n"))
+    run = load_study(path).runs[0]
+    t = run.config["train"]
+    assert t["global_batch_size"] // (t["micro_batch_size"] * run.slurm.ranks) == 4
+    assert t["global_batch_size"] * t["seq_len"] * t["train_iters"] == PAPER_TOKENS
 
 
 def test_list_shows_the_budget_and_docs_hold_it():
@@ -293,7 +324,7 @@ def test_signal_margin_must_fit_in_the_time_limit():
     with pytest.raises(ValueError, match="signal_margin_s=600"):
         Slurm(time="00:10:00").lines("x")
     with pytest.raises(ValueError, match="signal_margin_s=600"):
-        with_slurm(paper_runs()[0], time="00:10:00").slurm.lines("x")
+        with_slurm(Run("x", "a stub"), time="00:10:00").slurm.lines("x")
     assert "#SBATCH --signal=B:USR1@600" in Slurm(time="00:10:01").lines("x")
 
 
@@ -374,20 +405,34 @@ def test_sweep_cli(tmp_path):
 def test_char_study_configs():
     from conftest import shared_path
 
-    from pretrain.sweep import THETAS, char_configs
-
-    names = set(char_configs())
-    assert names == {
-        f"{c}_theta{t}"
+    thetas = (500, 1000, 5000, 10000, 20000, 50000)
+    study = load_study(REPO / "studies" / "char_theta.yaml")
+    names = [r.name for r in study.runs]
+    assert names == [
+        f"{c}_theta{t}_s{s}"
         for c in ("shakespeare", "enwik8", "text8")
-        for t in (500, 1000, 5000, 10000, 20000, 50000)
-    } | {"nanogpt_rope_enwik8"}
+        for t in thetas
+        for s in (1, 2, 3)
+    ]
+    assert {r.config_path for r in study.runs} == {
+        f"configs/char/{c}_theta{t}.yaml"
+        for c in ("shakespeare", "enwik8", "text8")
+        for t in thetas
+    }
+    run = study.runs[4]  # shakespeare, theta 1000, seed 2: the group's config and its --set
+    assert run.overrides == (
+        "train.seed=2",
+        "logging.run_dir=runs/char/shakespeare_theta1000_s2",
+    )
+    assert (run.config["train"]["seed"], run.run_dir) == (2, "runs/char/shakespeare_theta1000_s2")
+    assert run.group == "corpus=shakespeare,theta=1000" and study.baseline == {"theta": "10000"}
+    assert study.array and run.script_path is None and study.array_script == "slurm/char_theta.sh"
     shakespeare_chars = len(set(shared_path("tinyshakespeare.txt").read_text()))
     for corpus, vocab in (
         ("shakespeare", shakespeare_chars),
         ("text8", 27),
     ):  # text8: a-z and space
-        for theta in THETAS:
+        for theta in thetas:
             cfg = load_config(REPO / "configs" / "char" / f"{corpus}_theta{theta}.yaml")
             m = cfg.model
             assert (m.n_layers, m.n_heads, m.d_model, m.max_seq_len, m.dropout) == (
@@ -401,13 +446,18 @@ def test_char_study_configs():
             assert m.vocab_size == vocab and cfg.train.train_iters == 5000
     nano = load_config(REPO / "configs" / "char" / "nanogpt_rope_enwik8.yaml")
     assert nano.model.n_layers == 12 and not nano.model.learned_pos_emb
+    (nano_run,) = load_study(REPO / "studies" / "nanogpt_rope_enwik8.yaml").runs
+    assert nano_run.script_path == "slurm/nanogpt_rope_enwik8.sh"
 
 
-def test_a_run_the_plan_says_does_not_fit_is_refused():
-    from pretrain.sweep import _planned
-
-    run = paper_runs()[0]
-    row = dict(plan_rows()[run.name], fits_h200=False)
-    with pytest.raises(ValueError, match=f"run {run.name}: the plan says it does not fit an H200"):
-        _planned(run, {run.name: row})
+def test_a_run_the_plan_says_does_not_fit_is_refused(tmp_path):
+    study_checkout(tmp_path)
+    plan = tmp_path / "pretrain" / PAPER_PLAN.name
+    data = json.loads(plan.read_text())
+    data["runs"][1]["fits_h200"] = False
+    plan.write_text(json.dumps(data))
+    with pytest.raises(
+        StudyError, match="run llama1b_rope4: the plan file says it does not fit an H200"
+    ):
+        load_study(tmp_path / "studies" / "partial_rope.yaml")
     assert set(plan_rows()) == {r.name for r in paper_runs()}  # every run is planned

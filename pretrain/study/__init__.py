@@ -1,0 +1,24 @@
+"""Studies are files: studies/NAME.yaml -> runs (spec.py), their plan (plan.py), their
+configs and job scripts (write.py). docs/studies.md describes the file.
+
+    from pretrain.study import load_study, plan_rows, write_study
+    study = load_study("studies/theta.yaml")       # every field checked: StudyError, one line
+    print(format_plan_table(plan_rows(study, "h100")))
+    write_study(study, study.repo)                 # -> the repo-relative paths that changed
+"""
+
+from __future__ import annotations
+
+from pretrain.study.slurm import Slurm, time_limit_s
+from pretrain.study.spec import Headers, Study, StudyError, StudyRun, as_array, load_study
+
+__all__ = [
+    "Headers",
+    "Slurm",
+    "Study",
+    "StudyError",
+    "StudyRun",
+    "as_array",
+    "load_study",
+    "time_limit_s",
+]

@@ -1,0 +1,335 @@
+"""A study's report from the runs that have finished: studies/NAME/report/.
+
+    report.md          the tables below, and the plots; "Partial report" at the top while
+                       runs are missing (listed with their state)
+    report.csv         one row per run and per group (compare_runs' CSV: pretrain.eval.compare)
+    welch.csv          every Welch t-test against the baseline
+    loss_curves.png    training and validation loss per group: the mean over its seeds, the
+                       band from the lowest to the highest seed
+    positions.png      loss by position per group (when the runs were evaluated with
+                       tools/evaluate.py --val --per-position or --lengths)
+
+The numbers are compare_runs' (pretrain/eval/compare.py): each run is summarised by
+`summarize_run` (final and best validation loss, bits per byte, every lm-eval metric of its
+newest evaluation, the loss at each evaluated length), groups are pooled over seeds by
+`Group.stats` (mean ± sample std) and tested by `welch_tests`. What this module adds is the
+study's own grouping (a group is the runs whose labels are equal but for the seed, named
+by its labels, rather than compare_runs' guess from configs and folder names) and baseline:
+`baseline: {rope: "1.0"}` compares each group with the group of the same labels but rope
+1.0 (with several axes, each model against its own full-RoPE group).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pretrain.eval.compare import (
+    COLUMNS,
+    Group,
+    RunSummary,
+    WelchResult,
+    groups_table,
+    length_welch_tests,
+    lengths_table,
+    position_curves,
+    runs_table,
+    summarize_run,
+    to_csv,
+    welch_table,
+    welch_tests,
+)
+from pretrain.eval.plots import read_curves, save_png
+from pretrain.eval.position_plots import plot_position_curves
+from pretrain.eval.tables import MISSING, markdown_table
+from pretrain.run_layout import atomic_write
+from pretrain.study.records import StudyUsageError
+from pretrain.study.status import read_progress, run_folder
+
+if TYPE_CHECKING:
+    from pretrain.study.spec import Study, StudyRun
+
+REPORT_DIR = "report"
+
+
+@dataclass
+class StudyReport:
+    folder: Path
+    markdown: str
+    files: list[Path] = field(default_factory=list)
+    finished: int = 0
+    total: int = 0
+
+    @property
+    def partial(self) -> bool:
+        return self.finished < self.total
+
+
+@dataclass
+class _GroupRuns:
+    """A study group: its label, its labels, and its finished runs' summaries."""
+
+    label: str
+    labels: Mapping[str, str]
+    runs: list[StudyRun]
+    summaries: list[RunSummary]
+
+    def group(self) -> Group:
+        return Group(self.label, self.summaries)
+
+
+def _groups(study: Study, finished: Sequence[StudyRun], repo: Path) -> list[_GroupRuns]:
+    out: dict[str, _GroupRuns] = {}
+    for run in study.runs:  # in the study's order, with or without finished runs
+        out.setdefault(run.group, _GroupRuns(run.group, dict(run.labels), [], []))
+    for run in finished:
+        summary = summarize_run(run_folder(run, repo))
+        summary.name = run.name  # the study's name for it, not its folder's
+        out[run.group].runs.append(run)
+        out[run.group].summaries.append(summary)
+    return [g for g in out.values() if g.summaries]
+
+
+def parse_baseline(text: str | None) -> dict[str, str] | None:
+    """`rope=1.0` or `model=llama1b,rope=1.0` -> {axis: label}."""
+    if not text:
+        return None
+    pairs = {}
+    for part in text.split(","):
+        axis, sep, label = part.partition("=")
+        if not sep:
+            raise StudyUsageError(f"--baseline {text!r}: give AXIS=LABEL, e.g. rope=1.0")
+        pairs[axis.strip()] = label.strip()
+    return pairs
+
+
+def baseline_pairs(
+    groups: Sequence[_GroupRuns], baseline: Mapping[str, str]
+) -> list[tuple[_GroupRuns, _GroupRuns]]:
+    """(group, its baseline group): the group with the same labels but `baseline`'s."""
+    by_labels = {tuple(sorted(g.labels.items())): g for g in groups}
+    pairs = []
+    for g in groups:
+        want = tuple(sorted({**g.labels, **baseline}.items()))
+        base = by_labels.get(want)
+        if base is not None and base is not g:
+            pairs.append((g, base))
+    return pairs
+
+
+def _metric_keys(summaries: Sequence[RunSummary]) -> tuple[str, ...]:
+    return tuple(k for _, k in COLUMNS if any(k in s.values for s in summaries))
+
+
+def _drop_empty_columns(table: str) -> str:
+    """A markdown table of compare's without the columns that hold nothing but its MISSING
+    mark: a study evaluates a few of compare's many metrics, often none."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()]
+    rows = [r for r in rows if any(r)]
+    if len(rows) < 3:
+        return table
+    header, body = rows[0], rows[2:]
+    keep = [i for i in range(len(header)) if i < 2 or any(r[i] != MISSING for r in body)]
+    return markdown_table([header[i] for i in keep], [[r[i] for i in keep] for r in body])
+
+
+def _welch(pairs, keys, lengths: bool) -> list[WelchResult]:
+    results: list[WelchResult] = []
+    for g, base in pairs:
+        grouped = [g.group(), base.group()]
+        if lengths:
+            results += length_welch_tests(grouped, base.label)
+        else:
+            results += welch_tests(grouped, base.label, keys)
+    return results
+
+
+def _welch_csv(results: Sequence[WelchResult], pairs) -> str:
+    base_of = {g.label: b.label for g, b in pairs}
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["group", "baseline", "metric", "mean", "baseline_mean", "rel_diff", "t", "df", "p"])
+    for r in results:
+        w.writerow(
+            [r.group, base_of.get(r.group, ""), r.key, r.mean, r.baseline_mean, r.rel_diff]
+            + [r.t, r.df, r.p]
+        )
+    return buf.getvalue()
+
+
+def _smooth(values: list[float], alpha: float = 0.1) -> list[float]:
+    out, acc = [], None
+    for v in values:
+        if math.isfinite(v):
+            acc = v if acc is None else alpha * v + (1 - alpha) * acc
+        out.append(acc if acc is not None else v)
+    return out
+
+
+def plot_group_losses(groups: Sequence[_GroupRuns], repo: Path, out: Path) -> Path:
+    """Training loss (EMA) and validation loss per group: the mean over its seeds as a line,
+    the lowest to the highest seed shaded; at the steps every seed logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, g in enumerate(groups):
+        color = colors[i % len(colors)]
+        curves = [read_curves(run_folder(r, repo)) for r in g.runs]
+        for ax, kind in ((ax_t, "train"), (ax_v, "valid")):
+            series = [dict(getattr(c, kind)) for c in curves]
+            if kind == "train":
+                series = [dict(zip(s, _smooth(list(s.values())), strict=True)) for s in series]
+            steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+            if not steps:
+                continue
+            values = [[s[k] for s in series] for k in steps]
+            mean = [sum(v) / len(v) for v in values]
+            label = f"{g.label} ({len(series)} seed{'s' if len(series) > 1 else ''})"
+            marker = "o" if kind == "valid" else None
+            ax.plot(steps, mean, color=color, label=label, marker=marker, markersize=4)
+            if len(series) > 1:
+                lo, hi = [min(v) for v in values], [max(v) for v in values]
+                ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
+    ax_t.set_title("training loss (EMA), mean over seeds, range shaded", fontsize=10)
+    ax_v.set_title("validation loss, mean over seeds, range shaded", fontsize=10)
+    for ax in (ax_t, ax_v):
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats per token)")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    # The first tenth of the steps (a loss near ln(vocab)) would flatten every difference
+    # that matters: the axis starts below the lowest final loss and ends at the highest
+    # loss a tenth of the way in.
+    curves = [ln.get_ydata() for ln in ax_t.lines]
+    if curves:
+        low = min(y[-1] for y in curves)
+        top = max(y[len(y) // 10] for y in curves)
+        ax_t.set_ylim(low - 0.1 * (top - low), top)
+    fig.tight_layout()
+    return save_png(fig, out)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text, fsync=False)
+    return path
+
+
+def write_study_report(
+    study: Study,
+    repo: Path,
+    out: Path | None = None,
+    baseline: Mapping[str, str] | None = None,
+    plots: bool = True,
+    per_octave: int | None = 8,
+) -> StudyReport:
+    """Write the report of `study`'s finished runs into `out` (studies/NAME/report/).
+    `per_octave`: the loss-by-position plot's points per octave of position (compare's
+    `coarsen`: token-weighted, so each point is the exact loss over its positions); None
+    plots every bucket as evaluated, which a few hundred samples leave noisy."""
+    repo = Path(repo)
+    out = Path(out) if out is not None else Path(study.out_dir) / REPORT_DIR
+    baseline = baseline if baseline is not None else study.baseline
+    progress = {r.name: read_progress(r, repo) for r in study.runs}
+    finished = [r for r in study.runs if progress[r.name].done]
+    report = StudyReport(out, "", [], len(finished), len(study.runs))
+    lines = [f"# Study {study.name}", ""]
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if report.partial:
+        missing = [r for r in study.runs if not progress[r.name].done]
+        lines += [
+            f"**Partial report** (written {stamp}): {len(finished)} of {len(study.runs)} runs "
+            f"have finished. Not in it: "
+            + ", ".join(
+                f"{r.name} (step {progress[r.name].step}/{progress[r.name].total})" for r in missing
+            )
+            + ".",
+            "",
+        ]
+    else:
+        lines += [f"Written {stamp}: all {len(study.runs)} runs have finished.", ""]
+    diverged = [r.name for r in finished if progress[r.name].diverged]
+    if diverged:
+        lines += [f"Diverged (their figures are not finite): {', '.join(diverged)}.", ""]
+    if not finished:
+        lines += ["No run has finished yet: nothing to report."]
+        report.markdown = "\n".join(lines) + "\n"
+        report.files.append(_write(out / "report.md", report.markdown))
+        return report
+
+    groups = _groups(study, finished, repo)
+    summaries = [s for g in groups for s in g.summaries]
+    compared = [g.group() for g in groups]
+    lines += ["## Runs", "", _drop_empty_columns(runs_table(summaries))]
+    lines += [
+        "## Groups (mean ± std over seeds)",
+        "",
+        _drop_empty_columns(groups_table(compared)),
+    ]
+    welch: list[WelchResult] = []
+    pairs = []
+    if baseline:
+        text = ", ".join(f"{k}={v}" for k, v in baseline.items())
+        pairs = baseline_pairs(groups, baseline)
+        welch = _welch(pairs, _metric_keys(summaries), lengths=False)
+        lines += [
+            f"## Against the baseline ({text})",
+            "",
+            f"Each group against the group with the same labels but {text}: Welch's t-test "
+            f"(two-sided), on every metric that both have for at least two seeds.",
+            "",
+            welch_table(welch, "baseline")
+            if welch
+            else "(no pair with at least two seeds on both sides)\n",
+        ]
+    positions = any(s.positions is not None for s in summaries)
+    if positions:
+        lines += [
+            "## Loss at each length (nats per token, mean ± std over seeds)",
+            "",
+            lengths_table(compared),
+        ]
+        if pairs:
+            length_results = _welch(pairs, (), lengths=True)
+            welch += length_results
+            lines += [
+                "### Against the baseline, loss at each length",
+                "",
+                welch_table(length_results, "baseline")
+                if length_results
+                else "(no pair with at least two seeds on both sides)\n",
+            ]
+    report.files.append(_write(out / "report.csv", to_csv(summaries, compared)))
+    if welch:
+        report.files.append(_write(out / "welch.csv", _welch_csv(welch, pairs)))
+    if plots:
+        lines += ["## Plots", "", "![loss curves](loss_curves.png)", ""]
+        report.files.append(plot_group_losses(groups, repo, out / "loss_curves.png"))
+        if positions:
+            curves = position_curves(compared, per_octave)
+            report.files.append(plot_position_curves(curves, out / "positions.png"))
+            lines += ["![loss by position](positions.png)", ""]
+    report.markdown = "\n".join(lines).rstrip() + "\n"
+    report.files.insert(0, _write(out / "report.md", report.markdown))
+    return report
+
+
+__all__ = [
+    "REPORT_DIR",
+    "StudyReport",
+    "baseline_pairs",
+    "parse_baseline",
+    "plot_group_losses",
+    "write_study_report",
+]

@@ -1,0 +1,465 @@
+"""Where each run of a study stands: from its run folder, from Slurm, from the local executor.
+
+The states, in the order a run usually passes them:
+
+    not started   no job, no process, nothing in the run folder
+    queued        a Slurm job waits (PENDING; the reason is in the Slurm column)
+    running       a Slurm job runs it, or a local training process (its lock is held)
+    requeued      its Slurm job was requeued (pre-emption, time limit, hang) and waits to
+                  start again; it resumes from RUN/checkpoints/latest
+    completed     the run folder holds the checkpoint of the last step
+    stopped       started, not finished, nothing running and no failure known: the local
+                  executor was stopped, or Slurm has forgotten the job; `submit` resumes it
+    cancelled     its Slurm job was cancelled (scancel); `submit` resumes it
+    failed        its job or process ended with an error (Slurm FAILED, TIMEOUT, NODE_FAIL,
+                  OUT_OF_MEMORY, ...; a local exit code other than 0 and 99)
+    hung          it ended after the hang watchdog fired (RUN/hang/ holds stack reports newer
+                  than its last metrics) and nothing restarts it
+    diverged      its loss is not finite (the last logged training or validation loss, on a
+                  step that was not skipped), or the spike guard gave up: the run used all its
+                  spikes.max_rollbacks rollbacks
+
+failed, hung and diverged are failures: `status` exits 1 when any run is in one of them.
+`submit` submits again what is not started, stopped, cancelled, failed or hung (each
+resumes from its newest checkpoint), never what is queued, running, requeued or completed,
+nor a diverged run (resuming it would diverge again: change its config first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pretrain.run_layout import HANG_DIR, ROLLBACKS_FILE, RunLayout, read_metrics, tag_step
+from pretrain.study.records import (
+    LocalRecord,
+    Submission,
+    read_local_record,
+    read_submissions,
+    run_lock_held,
+)
+from pretrain.study.slurm_jobs import (
+    SlurmError,
+    SlurmJob,
+    finished_jobs,
+    queued_jobs,
+    slurm_unreachable,
+)
+
+if TYPE_CHECKING:
+    from pretrain.study.spec import Study, StudyRun
+
+NOT_STARTED = "not started"
+QUEUED = "queued"
+RUNNING = "running"
+REQUEUED = "requeued"
+COMPLETED = "completed"
+STOPPED = "stopped"
+CANCELLED = "cancelled"
+FAILED = "failed"
+HUNG = "hung"
+DIVERGED = "diverged"
+STATES = (
+    NOT_STARTED,
+    QUEUED,
+    RUNNING,
+    REQUEUED,
+    COMPLETED,
+    STOPPED,
+    CANCELLED,
+    FAILED,
+    HUNG,
+    DIVERGED,
+)
+ACTIVE = frozenset({QUEUED, RUNNING, REQUEUED})
+FAILURES = frozenset({FAILED, HUNG, DIVERGED})
+# What `submit` submits (again): each resumes from its newest checkpoint.
+SUBMITTABLE = frozenset({NOT_STARTED, STOPPED, CANCELLED, FAILED, HUNG})
+
+EXIT_PREEMPTED = 99  # pretrain/train/trainer.py: checkpoint saved, not finished
+EXIT_HUNG = 124  # pretrain/train/watchdog.py
+
+
+# ----------------------------------------------------------------------------- run folder
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """What a run folder says: how far, the last figures, and signs of trouble."""
+
+    step: int
+    total: int
+    checkpoint_step: int | None = None
+    train_loss: float | None = None
+    valid_loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    step_time_s: float | None = None
+    hung: bool = False  # hang reports newer than the last metrics
+    rollbacks: int = 0
+    gave_up: bool = False  # every allowed rollback used
+    non_finite: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.checkpoint_step is not None and self.checkpoint_step >= self.total
+
+    @property
+    def diverged(self) -> bool:
+        return self.non_finite or self.gave_up
+
+    @property
+    def started(self) -> bool:
+        return self.step > 0 or self.checkpoint_step is not None
+
+
+def run_folder(run: StudyRun, repo: Path) -> Path:
+    """The run's folder: logging.run_dir, relative to the repository root unless absolute."""
+    return Path(repo) / run.run_dir
+
+
+def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    return config.get(name) or {}
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def read_progress(run: StudyRun, repo: Path) -> RunProgress:
+    """The run folder of `run` read without writing anything (safe while it trains)."""
+    folder = run_folder(run, repo)
+    config = run.config
+    total = int(_section(config, "train").get("train_iters") or 0)
+    layout = RunLayout(folder, _section(config, "checkpoint").get("dir"))
+    tag = layout.latest_tag()
+    checkpoint_step = tag_step(tag) if tag else None
+    rows = read_metrics(folder)
+    step = max([int(r["step"]) for r in rows[-1:]] + [checkpoint_step or 0])
+    last: dict[str, Any] = {}
+    non_finite = False
+    for row in rows:
+        for key in ("train/loss", "valid/loss", "perf/tokens_per_s", "perf/mfu"):
+            if key in row and row[key] is not None:
+                last[key] = row[key]
+        if "perf/step_time_s" in row:
+            last["perf/step_time_s"] = row["perf/step_time_s"]
+        # A non-finite loss on a step the guard skipped left the weights as they were;
+        # one on a step that updated them has spoilt them (every later loss is NaN).
+        if "train/loss" in row:
+            non_finite = not _finite(row["train/loss"]) and not row.get("spikes/skipped")
+    if "valid/loss" in last and not _finite(last["valid/loss"]):
+        non_finite = True
+
+    hang = folder / HANG_DIR
+    reports = list(hang.glob("rank_*.txt")) if hang.is_dir() else []
+    metrics_time = layout.metrics.stat().st_mtime if layout.metrics.exists() else 0.0
+    hung = bool(reports) and max(p.stat().st_mtime for p in reports) >= metrics_time
+
+    rollbacks = 0
+    if (folder / ROLLBACKS_FILE).is_file():
+        try:
+            rollbacks = len(json.loads((folder / ROLLBACKS_FILE).read_text()))
+        except json.JSONDecodeError:
+            rollbacks = 0  # being written; the next look sees it
+    spikes = _section(config, "spikes")
+    gave_up = bool(spikes.get("rollback_after")) and rollbacks >= int(
+        spikes.get("max_rollbacks", 5)
+    )
+
+    def value(key: str) -> float | None:
+        v = last.get(key)
+        return float(v) if isinstance(v, (int, float)) else None
+
+    return RunProgress(
+        step=step,
+        total=total,
+        checkpoint_step=checkpoint_step,
+        train_loss=value("train/loss"),
+        valid_loss=value("valid/loss"),
+        tokens_per_s=value("perf/tokens_per_s"),
+        mfu=value("perf/mfu"),
+        step_time_s=value("perf/step_time_s"),
+        hung=hung,
+        rollbacks=rollbacks,
+        gave_up=gave_up,
+        non_finite=non_finite,
+    )
+
+
+# ----------------------------------------------------------------------------- the verdict
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One row of `status`."""
+
+    run: StudyRun
+    state: str
+    progress: RunProgress
+    job: str = ""  # Slurm job id, or "local pid N"
+    job_state: str = ""  # what Slurm (or the local process) says
+    detail: str = ""  # why the state, when it is not plain
+
+    @property
+    def eta_s(self) -> float | None:
+        p = self.progress
+        if self.state != RUNNING or p.step_time_s is None:
+            return None
+        return max(0, p.total - p.step) * p.step_time_s
+
+
+def decide_state(
+    progress: RunProgress,
+    slurm: SlurmJob | None = None,
+    local_running: bool = False,
+    local: LocalRecord | None = None,
+) -> tuple[str, str]:
+    """(state, detail) from the run folder and the newest job or process of the run."""
+    if progress.diverged:
+        why = (
+            f"the spike guard used all {progress.rollbacks} rollbacks"
+            if progress.gave_up
+            else "its loss is not finite"
+        )
+        return DIVERGED, why
+    if local_running:
+        return RUNNING, ""
+    if slurm is not None and slurm.active:
+        if slurm.requeued:
+            return REQUEUED, ""
+        if slurm.state == "PENDING":
+            return QUEUED, ""
+        return RUNNING, ""
+    if progress.done:
+        return COMPLETED, ""
+    if slurm is not None:
+        if slurm.state == "CANCELLED":
+            return CANCELLED, ""
+        if progress.hung:
+            return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
+        if slurm.state == "COMPLETED":  # the script ended 0 without the last checkpoint
+            return FAILED, "the job completed without the run's last checkpoint"
+        return FAILED, ""
+    if local is not None and local.exit_code is not None:
+        if local.exit_code == EXIT_HUNG or progress.hung:
+            return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
+        if local.exit_code == EXIT_PREEMPTED or local.exit_code < 0:  # a signal: stopped
+            return STOPPED, ""
+        return FAILED, f"exit code {local.exit_code}"
+    if progress.hung:
+        return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
+    if progress.started:
+        return STOPPED, ""
+    return NOT_STARTED, ""
+
+
+@dataclass(frozen=True)
+class StudyStatus:
+    rows: list[RunStatus]
+    slurm_note: str | None = None  # why Slurm was not asked, when it was not
+
+    def count(self, *states: str) -> int:
+        return sum(r.state in states for r in self.rows)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.state in FAILURES for r in self.rows)
+
+    @property
+    def active(self) -> bool:
+        return any(r.state in ACTIVE for r in self.rows)
+
+
+def _newest(jobs: Sequence[SlurmJob]) -> SlurmJob | None:
+    return max(jobs, key=lambda j: (len(j.job_id), j.job_id)) if jobs else None
+
+
+def _study_jobs(study: Study, env: Mapping[str, str] | None) -> list[tuple[str, SlurmJob]]:
+    """(run name, job) of the study's jobs in the queue: a run's own job by its job name; a
+    task of the study's job array (named after the study) by its index, task i being run i."""
+    by_name = {r.job_name: r.name for r in study.runs}
+    names = set(by_name)
+    if study.array:
+        names.add(study.name)
+    found = []
+    for job in queued_jobs(names, env):
+        if job.array_task is not None and job.name == study.name and study.array:
+            if job.array_task < len(study.runs):
+                found.append((study.runs[job.array_task].name, job))
+        elif job.name in by_name:
+            found.append((by_name[job.name], job))
+    return found
+
+
+def study_status(
+    study: Study,
+    repo: Path,
+    ask_slurm: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> StudyStatus:
+    """Every run's row. `ask_slurm`: None asks Slurm where this machine can reach it."""
+    note = None
+    submissions: dict[str, list[Submission]] = read_submissions(study.out_dir)
+    queue: dict[str, list[SlurmJob]] = {}
+    ended: dict[str, SlurmJob] = {}
+    if ask_slurm is not False:
+        note = slurm_unreachable(env)
+        if note is not None and ask_slurm:
+            raise SlurmError(f"cannot ask Slurm: {note}")
+    if ask_slurm is not False and note is None:
+        for name, job in _study_jobs(study, env):
+            queue.setdefault(name, []).append(job)
+        queued_ids = {j.job_id for jobs in queue.values() for j in jobs}
+        recorded = [subs[-1].job for subs in submissions.values() if subs]
+        ended = finished_jobs([i for i in recorded if i not in queued_ids], env)
+    elif ask_slurm is False:
+        note = "Slurm not asked"
+    if note is not None and ask_slurm is None:
+        note = f"no Slurm here: {note}"
+
+    rows = []
+    for run in study.runs:
+        progress = read_progress(run, repo)
+        subs = submissions.get(run.name, [])
+        active = [j for j in queue.get(run.name, []) if j.active]
+        slurm = _newest(active)
+        if slurm is None and subs:
+            slurm = ended.get(subs[-1].job)
+        local = read_local_record(study.out_dir, run.name)
+        local_running = run_lock_held(study.out_dir, run.name)
+        # The newer of the two executors speaks for the run.
+        if slurm is not None and local is not None and not local_running and subs:
+            if local.started > subs[-1].time:
+                slurm = None
+            else:
+                local = None
+        state, detail = decide_state(progress, slurm, local_running, local)
+        if slurm is not None:
+            job, job_state = slurm.job_id, slurm.describe()
+            if len(active) > 1:
+                detail = f"{len(active)} jobs of this run in the queue: " + ", ".join(
+                    j.job_id for j in active
+                )
+        elif local is not None or local_running:
+            job = f"local pid {local.pid}" if local else "local"
+            if local_running:
+                job_state = "running"
+            elif local and local.exit_code is not None:
+                job_state = f"exit {local.exit_code}"
+            else:
+                job_state = "gone"
+        elif subs:
+            job, job_state = subs[-1].job, "unknown to Slurm" if note is None else "not asked"
+        else:
+            job, job_state = "", ""
+        rows.append(RunStatus(run, state, progress, job, job_state, detail))
+    return StudyStatus(rows, note)
+
+
+# ----------------------------------------------------------------------------- the table
+
+STATUS_COLUMNS = (
+    "run",
+    "state",
+    "step",
+    "train loss",
+    "valid loss",
+    "tok/s",
+    "MFU",
+    "ETA",
+    "job",
+    "Slurm / process",
+)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def status_cells(row: RunStatus) -> list[str]:
+    p = row.progress
+    mfu = "-" if p.mfu is None else ("<0.1%" if 0 <= p.mfu < 1e-3 else f"{100 * p.mfu:.1f}%")
+    tps = "-" if p.tokens_per_s is None else f"{p.tokens_per_s / 1e3:,.1f}k"
+    state = row.state + (f": {row.detail}" if row.detail else "")
+    return [
+        row.run.name,
+        state,
+        f"{p.step}/{p.total}",
+        _num(p.train_loss, ".4f"),
+        _num(p.valid_loss, ".4f"),
+        tps,
+        mfu,
+        _duration(row.eta_s),
+        row.job or "-",
+        row.job_state or "-",
+    ]
+
+
+def format_status_table(status: StudyStatus) -> str:
+    """The rows as aligned text, then one line that counts them."""
+    cells = [status_cells(r) for r in status.rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(STATUS_COLUMNS)]
+    numeric = {2, 3, 4, 5, 6, 7}
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if i in numeric else v.ljust(w)
+            for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        ).rstrip()
+
+    lines = [line(STATUS_COLUMNS), *(line(c) for c in cells), status_summary(status)]
+    return "\n".join(lines)
+
+
+def status_summary(status: StudyStatus) -> str:
+    """`6 runs: 2 completed, 1 running, 3 queued; the last running one ends in 4m10s`."""
+    counts = [f"{status.count(s)} {s}" for s in STATES if status.count(s)]
+    text = f"{len(status.rows)} runs: " + ", ".join(counts)
+    etas = [r.eta_s for r in status.rows if r.eta_s is not None]
+    if etas:
+        text += f"; the running ones end in {_duration(max(etas))} at the latest"
+    if status.slurm_note:
+        text += f" ({status.slurm_note}; the run folders say)"
+    return text
+
+
+__all__ = [
+    "ACTIVE",
+    "CANCELLED",
+    "COMPLETED",
+    "DIVERGED",
+    "FAILED",
+    "FAILURES",
+    "HUNG",
+    "NOT_STARTED",
+    "QUEUED",
+    "REQUEUED",
+    "RUNNING",
+    "STATES",
+    "STOPPED",
+    "SUBMITTABLE",
+    "RunProgress",
+    "RunStatus",
+    "StudyStatus",
+    "decide_state",
+    "format_status_table",
+    "read_progress",
+    "run_folder",
+    "status_cells",
+    "status_summary",
+    "study_status",
+]

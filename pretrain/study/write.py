@@ -1,0 +1,195 @@
+"""A study's files: one config per run (or per group whose seeds share it), one job script
+per run or one Slurm job array. Writing is idempotent: a file whose text is already right is
+left alone, and `write_study` returns only the paths it changed."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import yaml
+
+from pretrain.run_layout import atomic_write
+from pretrain.study.fields import Where, render_template
+from pretrain.study.spec import Headers, Study, StudyRun, array_header, as_array
+
+LAUNCH = "slurm/launch.sh"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block-style mappings, one-line lists: `betas: [0.9, 0.95]`."""
+
+
+_Dumper.add_representer(
+    list,
+    lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True),
+)
+
+
+def _headers(study: Study) -> Headers:
+    assert study.headers is not None  # load_study always sets them
+    return study.headers
+
+
+def _fields(study: Study, run: StudyRun, name: str) -> dict[str, str]:
+    return {
+        "name": name,
+        "stem": run.stem or run.name,
+        "description": run.description,
+        "config": run.config_path,
+        "script": run.script_path or study.array_script or "",
+        "study": study.name,
+        "study_file": _study_file(study),
+        "generated": _headers(study).generated,
+    }
+
+
+def _study_file(study: Study) -> str:
+    try:
+        return study.path.relative_to(study.repo).as_posix()
+    except ValueError:
+        return str(study.path)
+
+
+def render_run_config(study: Study, run: StudyRun) -> str:
+    """The config file of a run: the header's comment lines, then the YAML."""
+    name = run.stem if run.overrides else run.name  # a shared file is the group's
+    header = render_template(
+        Where(study.path), "headers config", _headers(study).config, _fields(study, run, name)
+    )
+    return _comment_block(header) + yaml.dump(
+        run.config_file, Dumper=_Dumper, sort_keys=False, width=100
+    )
+
+
+def _comment_block(text: str) -> str:
+    if not text:
+        return ""
+    return text if text.endswith("\n") else text + "\n"
+
+
+def launch_line(run: StudyRun) -> str:
+    args = [run.config_path]
+    for o in run.overrides:
+        args += ["--set", o]
+    return " ".join([f"exec {LAUNCH}", *map(shlex.quote, args), '"$@"'])
+
+
+def render_run_script(study: Study, run: StudyRun) -> str:
+    """The sbatch script of one run: its header, the #SBATCH lines, the shared launcher."""
+    assert run.slurm is not None
+    header = render_template(
+        Where(study.path), "headers script", _headers(study).script, _fields(study, run, run.name)
+    )
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            *_comment_block(header).splitlines(),
+            *run.slurm.lines(run.job_name),
+            "",
+            launch_line(run),
+            "",
+        ]
+    )
+
+
+def render_array_script(study: Study) -> str:
+    """One sbatch script for every run: task i runs the study's run i (in `plan`'s order)."""
+    assert study.array_script is not None
+    slurm = array_header(study)
+    n = len(study.runs)
+    cap = f"%{study.max_running}" if study.max_running else ""
+    lines = [
+        "#!/bin/bash",
+        f"# {study.name}: {study.description or 'a study'}; a Slurm job array of {n} runs.",
+        f"# {_headers(study).generated}",
+        f"# Submit from the repository root: sbatch {study.array_script} [--set key=value ...]",
+        "# Task i trains run i of `pretrain-study plan` (the case below names each).",
+        *slurm.lines(study.name, array=f"0-{n - 1}{cap}"),
+        "",
+        'case "${SLURM_ARRAY_TASK_ID:?submit with sbatch: this script is a job array}" in',
+    ]
+    for i, run in enumerate(study.runs):
+        args = [run.config_path]
+        for o in run.overrides:
+            args += ["--set", o]
+        lines.append(f'  {i}) set -- {" ".join(map(shlex.quote, args))} "$@" ;;  # {run.name}')
+    lines += [
+        '  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
+        "esac",
+        f'exec {LAUNCH} "$@"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def study_files(
+    study: Study, array: bool = False, max_running: int | None = None
+) -> dict[str, str]:
+    """Repository-relative path -> text of every file the study writes."""
+    if array or max_running is not None:
+        study = as_array(study, max_running)
+    out: dict[str, str] = {}
+    for run in study.runs:
+        out.setdefault(run.config_path, render_run_config(study, run))
+        if run.script_path is not None:
+            out[run.script_path] = render_run_script(study, run)
+    if study.array and study.array_script is not None:
+        out[study.array_script] = render_array_script(study)
+    return out
+
+
+def write_files(repo: Path, files: dict[str, str]) -> list[str]:
+    """Write the files whose text differs (atomically; scripts executable); the paths written."""
+    changed = []
+    for rel, text in files.items():
+        path = repo / rel
+        if path.is_file() and path.read_text() == text:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text, fsync=False, mode=0o755 if rel.endswith(".sh") else 0o644)
+        changed.append(rel)
+    return changed
+
+
+def write_study(
+    study: Study, repo: Path, array: bool = False, max_running: int | None = None
+) -> list[str]:
+    """Write the study's configs and job scripts under `repo`; the paths that changed."""
+    return write_files(Path(repo), study_files(study, array, max_running))
+
+
+def stale_files(
+    studies: list[Study], repo: Path, folders: tuple[str, ...] = (), array: bool = False
+) -> list[str]:
+    """Files of the studies that are missing or differ from what they write, then files in
+    `folders` (and the folders the studies write to) that carry one of the studies'
+    `generated` lines but that no study writes any more (a renamed or removed run)."""
+    want: dict[str, str] = {}
+    for study in studies:
+        want.update(study_files(study, array=array and study.slurm is not None))
+    bad = [
+        p for p, text in want.items() if not (repo / p).is_file() or (repo / p).read_text() != text
+    ]
+    marks = {_headers(s).generated for s in studies}
+    dirs = {str(Path(p).parent) for p in want} | set(folders)
+    for d in sorted(dirs):
+        for path in sorted((repo / d).glob("*")):
+            rel = path.relative_to(repo).as_posix()
+            if not path.is_file() or path.suffix not in (".yaml", ".sh") or rel in want:
+                continue
+            if any(m in path.read_text() for m in marks):
+                bad.append(rel)
+    return bad
+
+
+__all__ = [
+    "launch_line",
+    "render_array_script",
+    "render_run_config",
+    "render_run_script",
+    "stale_files",
+    "study_files",
+    "write_files",
+    "write_study",
+]
