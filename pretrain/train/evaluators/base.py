@@ -9,9 +9,11 @@ metrics path writes it (metrics file, TensorBoard, W&B) with the step's other va
 
 from __future__ import annotations
 
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from pretrain.train.watchdog import slow_phase
@@ -49,16 +51,21 @@ def run_due(
     if not due:
         return None
     t0, results = time.perf_counter(), {}
-    # The RNG as training left it, whatever the evaluators draw (a DataLoader draws its
-    # base seed from torch's generator): the training trajectory does not depend on how
-    # often, or whether, a run evaluates.
+    # Every generator as training left it, whatever the evaluators draw (a DataLoader draws
+    # its base seed from torch's, lm-eval from Python's): the training trajectory does not
+    # depend on how often, or whether, a run evaluates.
     device = trainer.run.device
-    with (
-        slow_phase("an evaluation"),
-        torch.random.fork_rng([device] if device.type == "cuda" else []),
-    ):
-        for evaluator in due:
-            results.update(evaluator.run(trainer, record))
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with (
+            slow_phase("an evaluation"),
+            torch.random.fork_rng([device] if device.type == "cuda" else []),
+        ):
+            for evaluator in due:
+                results.update(evaluator.run(trainer, record))
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
     record.eval_seconds = time.perf_counter() - t0
     record.evaluation = results
     record.scalars.update(results)
