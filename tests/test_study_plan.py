@@ -3,6 +3,9 @@ figures per run and in total; configs and job scripts written once, the second t
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import shutil
 import subprocess
 import sys
@@ -44,14 +47,30 @@ def repo(tmp_path) -> Path:
     return tmp_path
 
 
-def tool(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*TOOL, *args], cwd=repo, capture_output=True, text=True, timeout=300, check=False
-    )
+def tool(repo: Path, *args: str, launch: bool = False) -> subprocess.CompletedProcess:
+    """The program in `repo`: launched as `tools/study.py` (once, for the launcher), else its
+    main() in this process (the same code after the imports, a second or two less a call)."""
+    if launch:
+        return subprocess.run(
+            [*TOOL, *args], cwd=repo, capture_output=True, text=True, timeout=300, check=False
+        )
+    from pretrain.cli.study import main
+
+    out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(repo)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(cwd)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def test_plan_through_the_program(repo):
-    out = tool(repo, "plan", "studies/small.yaml", "--gpu", "h100")
+    out = tool(repo, "plan", "studies/small.yaml", "--gpu", "h100", launch=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "on H100 SXM 80GB (79.7 GiB per GPU)"
