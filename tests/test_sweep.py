@@ -372,34 +372,20 @@ def test_launcher_refuses_to_run_outside_slurm():
     assert "not inside a Slurm job" in out.stderr
 
 
-def test_sweep_cli(tmp_path):
+def test_sweep_cli(tmp_path, capsys):
     tool = [sys.executable, str(REPO / "tools" / "sweep.py")]
     out = subprocess.run([*tool, "check"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    out = subprocess.run(
-        [
-            *tool,
-            "run-dir",
-            str(REPO / "configs/paper/llama1b_rope10.yaml"),
-            "--set",
-            f"logging.run_dir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0 and out.stdout.strip() == str(tmp_path)
-    out = subprocess.run(
-        [
-            *tool,
-            "run-dir",
-            str(REPO / "configs/paper/llama1b_rope10.yaml"),
-            "--set",
-            "train.micro_batch_size=x",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 2 and "train.micro_batch_size" in out.stderr
+    # run-dir (slurm/submit.sh's question) in-process: the launch is the one above.
+    from pretrain.cli.sweep import main
+
+    config = str(REPO / "configs/paper/llama1b_rope10.yaml")
+    capsys.readouterr()
+    assert main(["run-dir", config, "--set", f"logging.run_dir={tmp_path}"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+    assert main(["run-dir", config, "--set", "train.micro_batch_size=x"]) == 2
+    err = capsys.readouterr().err
+    assert "train.micro_batch_size" in err and len(err.strip().splitlines()) == 1
 
 
 def test_char_study_configs():
