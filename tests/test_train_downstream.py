@@ -284,6 +284,35 @@ def test_the_planner_counts_each_evaluation_and_its_share_of_the_run():
     assert cost.flops_per_evaluation == pytest.approx(want)
     assert cost.share == pytest.approx(3 * want / 1e15) and cost.seconds == cost.share * 3600
     assert downstream_cost(from_dict(Config, {}), 1e15, 3600.0, 1e5) is None
+    # Without n_matmul: the model's own count of its matmul weights.
+    from pretrain.model.transformer import Transformer
+
+    with torch.device("meta"):
+        n = Transformer(cfg.model).matmul_params()
+    assert downstream_cost(cfg, 1e15, 3600.0) == downstream_cost(cfg, 1e15, 3600.0, float(n))
+    # A harness task without a measurement is named, not a KeyError.
+    cfg.downstream.tasks = ["piqa", "hellaswag"]
+    other = downstream_cost(cfg, 1e15, 3600.0, 1e5)
+    assert other.unplanned == ("hellaswag",)
+    assert other.flops_per_evaluation == pytest.approx(100 * 70.7 * (2e5 + attention * 128))
+
+
+def test_the_planners_document_counts_are_the_local_task_datas():
+    """DOCUMENTS (pretrain/planner/downstream.py) against the task files it was counted from
+    (the one-document-per-line ones)."""
+    from pretrain.planner.downstream import DOCUMENTS
+
+    files = {
+        "arc_challenge": "arc_challenge_validation.jsonl",
+        "arc_easy": "arc_easy_validation.jsonl",
+        "lambada_openai": "lambada_openai_test.jsonl",
+        "piqa": "piqa_validation.jsonl",
+        "sciq": "sciq_validation.jsonl",
+        "winogrande": "winogrande_xl_validation.jsonl",
+    }
+    for task, name in files.items():
+        lines = shared_path("evals", name).read_text().splitlines()
+        assert DOCUMENTS[task] == sum(1 for ln in lines if ln.strip()), task
 
 
 def test_a_resumed_run_neither_repeats_nor_skips_an_evaluation(tmp_path_factory, tmp_path):

@@ -231,7 +231,7 @@ def test_steps_read_their_values_on_the_host_once_per_log_interval(
 ):
     """A CPU has no queue to wait for, so what is counted is the reads themselves: over 12
     steps with logging.log_interval 4 and the built-in callbacks, our code reads the steps'
-    values 3 times (TrainModule.read: loss, token sum, z term and grad norm of 4 steps in one
+    values 3 times (StepMetrics.read: loss, token sum, z term and grad norm of 4 steps in one
     tolist), the parameter norm 3 times (SpeedMonitor, at logging steps), and the pre-emption
     flag once per step, from the copy made one step earlier (TrainModule.stop_requested).
     Nothing else: a float(loss) per step would show here. The spike guard is judged at the

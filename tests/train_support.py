@@ -13,22 +13,10 @@ import warm_start
 import yaml
 from warm_start import free_port
 
+from pretrain.train.distributed import LAUNCH_VARS
+
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "pretrain" / "main.py"
-# Variables a launcher sets; a test's child process must not inherit the pytest process's.
-LAUNCH_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NTASKS",
-    "GROUP_RANK",
-    "ROLE_RANK",
-)
 
 
 def tiny_config(run_dir: Path, data_dir: Path, **sections: dict[str, Any]) -> dict[str, Any]:

@@ -64,7 +64,9 @@ def _nearest_finite(losses: dict[int, float], step: int) -> float:
     return max(finite)[1] if finite else float("nan")
 
 
-def _ema(values: list[float], alpha: float) -> list[float]:
+def ema(values: list[float], alpha: float) -> list[float]:
+    """Exponential moving average that skips non-finite values (a spike's NaN keeps the
+    last average; leading ones stay as they are)."""
     out, acc = [], None
     for v in values:
         if math.isfinite(v):
@@ -98,7 +100,7 @@ def plot_loss_curves(
             skipped = set(c.skipped)
             kept = [(s, v) for s, v in c.train if s not in skipped] or c.train
             steps, losses = zip(*kept, strict=True)
-            ax.plot(steps, _ema(list(losses), smoothing), color=color, linewidth=1.6, label=c.name)
+            ax.plot(steps, ema(list(losses), smoothing), color=color, linewidth=1.6, label=c.name)
         if c.valid:
             steps, losses = zip(*c.valid, strict=True)
             ax.plot(

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from pretrain.config import Config
+from pretrain.model.transformer import Transformer
 
 # Tokens forwarded per document, and the longest request (GPT-NeoX tokenizer, all documents
 # of ../shared/data/evals; the model's context caps them).
@@ -51,21 +54,29 @@ class DownstreamCost:
     flops: float  # all evaluations of the run
     share: float  # of the run's executed training FLOPs
     seconds: float  # that share of the run's time
+    unplanned: tuple[str, ...] = ()  # tasks outside TOKENS_PER_DOCUMENT: not counted
 
 
 def downstream_cost(
-    cfg: Config, train_flops: float, run_seconds: float, n_matmul: float
+    cfg: Config, train_flops: float, run_seconds: float, n_matmul: float | None = None
 ) -> DownstreamCost | None:
     """The cost of `cfg.downstream` in a run of `train_flops` executed FLOPs taking
-    `run_seconds`; `n_matmul`: the model's matmul weights (lm_head included). None when
-    the run evaluates no task."""
+    `run_seconds`; `n_matmul`: the model's matmul weights (lm_head included; default: the
+    model's own count, `Transformer.matmul_params`). None when the run evaluates no task. A
+    harness task this module has no measurement of is left out and named in `unplanned`."""
     d = cfg.downstream
     if not d.tasks:
         return None
     tasks = [t for name in d.tasks for t in (PAPER_TASKS if name == "paper" else (name,))]
     m = cfg.model
+    if n_matmul is None:
+        with torch.device("meta"):
+            n_matmul = float(Transformer(m).matmul_params())
     flops = 0.0
+    unplanned = tuple(t for t in dict.fromkeys(tasks) if t not in TOKENS_PER_DOCUMENT)
     for task in dict.fromkeys(tasks):
+        if task in unplanned:
+            continue
         tokens, longest = TOKENS_PER_DOCUMENT[task]
         length = min(longest, m.max_seq_len)
         attention = 4 * m.n_layers * m.n_heads * m.head_dim * length  # QK^T and AV, forward
@@ -76,7 +87,7 @@ def downstream_cost(
     )
     total = flops * evaluations
     share = total / train_flops
-    return DownstreamCost(evaluations, flops, total, share, share * run_seconds)
+    return DownstreamCost(evaluations, flops, total, share, share * run_seconds, unplanned)
 
 
 __all__ = ["DOCUMENTS", "TOKENS_PER_DOCUMENT", "DownstreamCost", "downstream_cost"]

@@ -34,10 +34,8 @@ def slurm_hours(plan: Plan, mfu: float = DEFAULT_MFU) -> int:
 
 
 def _downstream(cfg: Any, plan: Plan, mfu: float) -> DownstreamCost | None:
-    attention = 12 * cfg.model.n_layers * cfg.model.n_heads * cfg.model.head_dim * plan.seq_len
-    n_matmul = (plan.model_flops - attention) / 6  # flops_per_token's 6 x N_matmul
     train_flops = plan.executed_flops * plan.tokens_per_step * plan.steps
-    return downstream_cost(cfg, train_flops, plan.run_time(mfu), n_matmul)
+    return downstream_cost(cfg, train_flops, plan.run_time(mfu))
 
 
 def plan_paper_run(
@@ -81,6 +79,8 @@ def plan_paper_run(
         row["gpu_hours"] = round(row["run_hours"] * world_size)
         row["downstream_hours"] = round(cost.seconds / 3600, 3)
         row["downstream_share"] = round(cost.share, 5)
+        if cost.unplanned:
+            row["downstream_unplanned"] = list(cost.unplanned)
     if auto is not None:
         row["auto_h200"] = {
             "micro_batch": auto.micro_batch,

@@ -64,6 +64,7 @@ from pretrain.study.status import (
     study_status,
 )
 from pretrain.study.write import study_files
+from pretrain.train.distributed import LAUNCH_VARS
 
 if TYPE_CHECKING:
     from pretrain.study.spec import Study, StudyRun
@@ -74,20 +75,6 @@ EVALUATE_SCRIPT = "slurm/evaluate.sh"
 # the folder above its studies/), and the run's paths are relative to that folder.
 _EVALUATE = "import sys; from pretrain.cli.evaluate import main; sys.exit(main())"
 EVAL_ARGS_ENV = "PRETRAIN_EVAL_ARGS"  # as slurm/submit.sh reads it
-# Variables a launcher sets; a run the local executor starts is one process of its own.
-_LAUNCH_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NTASKS",
-    "GROUP_RANK",
-    "ROLE_RANK",
-)
 
 
 # ----------------------------------------------------------------------------- choosing runs
@@ -482,7 +469,7 @@ class LocalExecutor:
     # -- starting
 
     def _env(self, gpu: str | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
         env["PYTHONUNBUFFERED"] = "1"
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu

@@ -288,14 +288,7 @@ def parse_grid_entries(
         if labels is None:
             chosen = tuple(v.label for v in axis.values)
         else:
-            chosen = tuple(label_of(x) or str(x) for x in labels)
-            for lab in chosen:
-                if axis.value(lab) is None:
-                    raise w.error(
-                        f"{where} axis {name}",
-                        f"no value labelled {lab!r}{did_you_mean(lab, [v.label for v in axis.values])}",
-                        f"use one of {', '.join(v.label for v in axis.values)}",
-                    )
+            chosen = labels_of(w, f"{where} axis {name}", axis, labels)
             if len(set(chosen)) != len(chosen):
                 raise w.error(f"{where} axis {name}", "a label appears twice", "list each once")
         entries.append(((axis.name, chosen),))
@@ -304,6 +297,21 @@ def parse_grid_entries(
         if names.count(a) > 1:
             raise w.error(where, f"axis {a} appears twice", "use each axis once per grid")
     return entries
+
+
+def labels_of(w: Where, where: str, axis: Axis, labels: list[Any]) -> tuple[str, ...]:
+    """The labels a grid or an exclusion names on `axis`, each checked to be one of its
+    values' labels (refused in one line naming `where` and the labels it has)."""
+    chosen = tuple(label_of(x) or str(x) for x in labels)
+    known = [v.label for v in axis.values]
+    for lab in chosen:
+        if axis.value(lab) is None:
+            raise w.error(
+                where,
+                f"no value labelled {lab!r}{did_you_mean(lab, known)}",
+                f"use one of {', '.join(known)}",
+            )
+    return chosen
 
 
 def parse_exclude(
@@ -327,15 +335,7 @@ def parse_exclude(
                     "name an axis of axes:",
                 )
             labels = labels if isinstance(labels, list) else [labels]
-            chosen = tuple(label_of(x) or str(x) for x in labels)
-            for lab in chosen:
-                if axis.value(lab) is None:
-                    raise w.error(
-                        f"{where}[{i}] axis {name}",
-                        f"no value labelled {lab!r}",
-                        f"use one of {', '.join(v.label for v in axis.values)}",
-                    )
-            rule[axis.name] = chosen
+            rule[axis.name] = labels_of(w, f"{where}[{i}] axis {name}", axis, labels)
         out.append(rule)
     return tuple(out)
 
@@ -393,6 +393,7 @@ __all__ = [
     "AXIS_FIELDS",
     "Axis",
     "AxisValue",
+    "labels_of",
     "CONFIG_HEADER",
     "GPUS",
     "GRID_FIELDS",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from pretrain.eval.compare import (
     welch_table,
     welch_tests,
 )
-from pretrain.eval.plots import read_curves, save_png
+from pretrain.eval.plots import ema, read_curves, save_png
 from pretrain.eval.position_plots import plot_position_curves
 from pretrain.eval.tables import MISSING, markdown_table
 from pretrain.run_layout import atomic_write
@@ -163,15 +162,6 @@ def _welch_csv(results: Sequence[WelchResult], pairs) -> str:
     return buf.getvalue()
 
 
-def _smooth(values: list[float], alpha: float = 0.1) -> list[float]:
-    out, acc = [], None
-    for v in values:
-        if math.isfinite(v):
-            acc = v if acc is None else alpha * v + (1 - alpha) * acc
-        out.append(acc if acc is not None else v)
-    return out
-
-
 def plot_group_losses(groups: Sequence[_GroupRuns], repo: Path, out: Path) -> Path:
     """Training loss (EMA) and validation loss per group: the mean over its seeds as a line,
     the lowest to the highest seed shaded; at the steps every seed logged."""
@@ -188,7 +178,7 @@ def plot_group_losses(groups: Sequence[_GroupRuns], repo: Path, out: Path) -> Pa
         for ax, kind in ((ax_t, "train"), (ax_v, "valid")):
             series = [dict(getattr(c, kind)) for c in curves]
             if kind == "train":
-                series = [dict(zip(s, _smooth(list(s.values())), strict=True)) for s in series]
+                series = [dict(zip(s, ema(list(s.values()), 0.1), strict=True)) for s in series]
             steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
             if not steps:
                 continue
