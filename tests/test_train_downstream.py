@@ -203,7 +203,12 @@ def test_a_failing_task_is_logged_and_left_out_and_training_state_is_untouched(
 
     monkeypatch.setattr(ds, "harness_on", flaky)
     states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
-    out = ev.run(trainer, SimpleNamespace(step=2))
+    # Through the trainer's runner, as training runs it (the generators are its to keep).
+    from pretrain.train.evaluators import run_due
+    from pretrain.train.metrics import StepRecord
+
+    record = StepRecord(step=2, lr=0.0, tokens=0, stopping=False, first_input=None, log=False)
+    out = run_due([ev], trainer, record, last=False)
     assert random.getstate() == states[0]
     assert (np.random.get_state()[1] == states[1]).all()
     assert torch.equal(torch.get_rng_state(), states[2])

@@ -22,14 +22,10 @@ that fails during the run is logged and left out from then on; training goes on.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
 from pretrain.config import ConfigError, DownstreamConfig
@@ -121,7 +117,7 @@ class DownstreamEvaluation(Evaluator):
         t0 = time.perf_counter()
         scalars: dict[str, float] = {}
         lls: dict[str, dict[int, list[float]]] = {}
-        with self._adapter(trainer) as lm, _generators_kept():
+        with self._adapter(trainer) as lm:
             for name, task in self.task_objs.items():
                 if name in self.failed:
                     continue
@@ -182,20 +178,6 @@ class _Adapter:
 
     def __exit__(self, *exc: object) -> None:
         self.model.train(self.was_training)
-
-
-@contextlib.contextmanager
-def _generators_kept() -> Iterator[None]:
-    """Python's, NumPy's and torch's CPU generators as the run left them: lm-eval and the
-    datasets library draw from the global ones, and the run's trajectory must not depend on
-    whether it evaluates (run_due forks torch's too; this keeps the evaluator safe alone)."""
-    py, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        try:
-            yield
-        finally:
-            random.setstate(py)
-            np.random.set_state(np_state)
 
 
 def _dist() -> bool:
