@@ -4,16 +4,23 @@ loads it):
 
 - a test whose setup and call take over `slow_limit_s` (pyproject.toml, 60 s) fails unless
   it is marked `@pytest.mark.slow(reason="...")` saying why it costs that much, so the budget
-  cannot erode one test at a time;
+  cannot erode one test at a time. A fixture of module or session scope is shared by the tests
+  that use it, so its setup is not charged to the first test that happens to need it: it is
+  held to the same limit on its own (a shared fixture over it fails that first test, naming the
+  fixture), since every test of its file pays for it;
 - the end of every run prints the seconds per test file, slowest first: the table in
   docs/reproducibility.md comes from CI's log.
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 _SETUP_SECONDS = pytest.StashKey[float]()
+_SHARED_SECONDS = pytest.StashKey[dict]()  # fixture name -> seconds its (shared) setup took
+_current: list = []  # the item being set up, for pytest_fixture_setup
 
 
 def pytest_addoption(parser) -> None:
@@ -33,6 +40,24 @@ def slow_reason(item) -> str:
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    _current.append(item)
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    start = time.perf_counter()
+    yield
+    if fixturedef.scope != "function" and _current:
+        shared = _current[-1].stash.setdefault(_SHARED_SECONDS, {})
+        shared[fixturedef.argname] = time.perf_counter() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
@@ -41,14 +66,24 @@ def pytest_runtest_makereport(item, call):
     if call.when != "call" or not report.passed:
         return
     limit = float(item.config.getini("slow_limit_s"))
-    seconds = item.stash.get(_SETUP_SECONDS, 0.0) + call.duration
-    if seconds > limit and not slow_reason(item):
-        report.outcome = "failed"
-        report.longrepr = (
-            f"{item.nodeid} took {seconds:.1f} s (setup and call), over the {limit:g} s a test "
-            f"may take (slow_limit_s): make it cheaper (docs/reproducibility.md, \"The suite's "
-            f'time"), or mark it @pytest.mark.slow(reason="...") saying why it costs that much'
-        )
+    shared = item.stash.get(_SHARED_SECONDS, {})
+    # The setup phase includes the shared fixtures it set up: count each second once.
+    own = max(0.0, item.stash.get(_SETUP_SECONDS, 0.0) - sum(shared.values())) + call.duration
+    over = {name: s for name, s in shared.items() if s > limit}
+    if slow_reason(item) or (own <= limit and not over):
+        return
+    report.outcome = "failed"
+    what = (
+        f"{item.nodeid} took {own:.1f} s (its own setup and call)"
+        if own > limit
+        else f"the shared fixture {next(iter(over))!r} (first set up for {item.nodeid}) took "
+        f"{max(over.values()):.1f} s"
+    )
+    report.longrepr = (
+        f"{what}, over the {limit:g} s a test may take (slow_limit_s): make it cheaper "
+        f"(docs/reproducibility.md, \"The suite's time\"), or mark the test "
+        f'@pytest.mark.slow(reason="...") saying why it costs that much'
+    )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
