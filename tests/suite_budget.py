@@ -81,7 +81,7 @@ def pytest_runtest_makereport(item, call):
     )
     report.longrepr = (
         f"{what}, over the {limit:g} s a test may take (slow_limit_s): make it cheaper "
-        f"(docs/reproducibility.md, \"The suite's time\"), or mark the test "
+        f'(docs/reproducibility.md, "The suite\'s time"), or mark the test '
         f'@pytest.mark.slow(reason="...") saying why it costs that much'
     )
 
