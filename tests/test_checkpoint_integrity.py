@@ -200,11 +200,16 @@ def test_marker_without_file_list_is_unverified_and_still_resumed(
         timeout=60,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.splitlines() == [
+    # Beside the integrity lines: each checkpoint's pickles, and that integrity is not trust
+    # (tests/test_checkpoint_trust.py).
+    lines = check.stdout.splitlines()
+    trust = [line for line in lines if line.startswith(("  pickles", "note: "))]
+    assert [line for line in lines if line not in trust] == [
         "step_0000006  intact",
         f"step_0000008  unverified: {UNVERIFIED_WORDS}",
         "a resume takes: step_0000008 (unverified)",
     ]
+    assert len(trust) == 3 and trust[-1].startswith("note: CRC-32 verifies integrity")
 
     r = run_main(cfg)  # the trainer's own resume: the same one line, then step 8's state
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -8,9 +8,15 @@ Prints one line per checkpoint (intact, unverified, or what is damaged) and whic
 resume would take. Unverified: its marker records no file list (written before markers
 recorded files), so there is nothing to check its files against; a resume still takes it,
 with a warning. Exit code 0 when no checkpoint is damaged (intact or unverified), 1 when one
-is damaged, 2 for a bad path. Unverified is not a failure: nothing is known to be wrong with
-it and a resume uses it, while exit 1 would fail every script checking a run saved by older
-code, with nothing to repair.
+is damaged or holds an RNG file a resume refuses, 2 for a bad path. Unverified is not a
+failure: nothing is known to be wrong with it and a resume uses it, while exit 1 would fail
+every script checking a run saved by older code, with nothing to repair.
+
+Integrity is not trust: under each checkpoint it names the files that are pickles
+(DeepSpeed's model and optimizer states, which DeepSpeed loads with weights_only=False, so
+loading them can execute code) and any RNG file not in the current format (the old one,
+read through a compatibility path, or one a resume refuses). Anyone who can write the folder
+can also rewrite the CRC-32s in its marker (docs/training.md, "Trust").
 """
 
 from __future__ import annotations
@@ -21,13 +27,14 @@ from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.integrity import UNVERIFIED, is_unverified
-from pretrain.run_layout import CHECKPOINTS_DIR, DELETING_SUFFIX, TMP_SUFFIX
+from pretrain.run_layout import CHECKPOINTS_DIR, DELETING_SUFFIX, RNG_DIR, TMP_SUFFIX
 from pretrain.train.checkpoint import (
     CheckpointError,
     complete_tags,
     find_resume_tag,
     verify_checkpoint,
 )
+from pretrain.train.state_files import pickle_files, rng_file_problem
 
 
 @user_errors
@@ -64,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{tag}  unverified: {UNVERIFIED}")
         else:
             print(f"{tag}  intact")
+        damaged += _print_trust(ckpts / tag)
     for p in sorted(ckpts.iterdir()):
         if p.is_dir() and p.name.endswith((TMP_SUFFIX, DELETING_SUFFIX)):
             print(
@@ -81,4 +89,29 @@ def main(argv: list[str] | None = None) -> int:
                 tag = None
         note = " (unverified)" if tag in unverified else ""
         print(f"a resume takes: {tag or 'none (no intact checkpoint)'}{note}")
+        print(
+            "note: CRC-32 verifies integrity (the files are as written), not trust (who wrote "
+            "them): resume or load pickles only from runs you trust; share a model as its "
+            "weights folder (model.safetensors + config.yaml) or an export "
+            '(docs/training.md, "Trust")'
+        )
     return 1 if damaged else 0
+
+
+def _print_trust(folder: Path, shown: int = 4) -> int:
+    """Print the checkpoint's pickles (at most `shown` names) and its RNG files that are not
+    of the current format; 1 when a resume would refuse one of them, else 0."""
+    pickles = pickle_files(folder)
+    if pickles:
+        more = f" and {len(pickles) - shown} more" if len(pickles) > shown else ""
+        print(
+            f"  pickles (DeepSpeed loads them with weights_only=False: loading one can run "
+            f"code): {', '.join(pickles[:shown])}{more}"
+        )
+    refused = 0
+    for rng in sorted((folder / RNG_DIR).glob("*.pt")):
+        problem = rng_file_problem(rng)
+        if problem:
+            refused |= problem.startswith("REFUSED")
+            print(f"  {rng.relative_to(folder).as_posix()}: {problem}")
+    return refused

@@ -2,7 +2,8 @@
 
 One checkpoint is a folder RUN/checkpoints/step_0001000/ (names: pretrain/run_layout.py) holding
     DeepSpeed's files            model, optimizer (ZeRO shards), LR scheduler
-    rng/rank_00000.pt ...        python, numpy and torch RNG states of every rank
+    rng/rank_00000.pt ...        python, numpy and torch RNG states of every rank, as tensors
+                                 and plain data (pretrain/train/state_files.py)
     trainer_state.json           step, samples and tokens consumed, data position, the
                                  resolved config, callbacks' state, and the size and CRC-32
                                  of every other file (written last: the completion marker)
@@ -21,13 +22,18 @@ sharing the files between them; a damaged one gets one warning naming what is wr
 the previous complete checkpoint is tried, down to the oldest. A checkpoint whose marker
 records no files (written before markers did) cannot be checked: it is used, with one warning.
 `tools/check_checkpoint.py` runs the same check offline.
+
+What a checkpoint cannot do: run code through our files. The RNG files, the marker and the
+weights folder are data (pretrain/train/state_files.py); a resume reads this rank's RNG file
+before DeepSpeed's, and refuses one that is not ours in one line. DeepSpeed's own files stay
+pickles that it loads with weights_only=False: integrity (CRC-32) is not trust, and
+docs/training.md ("Trust") says which run folders to resume.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import time
 from collections.abc import Callable
@@ -35,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pretrain.config import CheckpointConfig
@@ -48,7 +53,10 @@ from pretrain.integrity import (
     is_unverified,
     verify_checkpoint,
 )
+from pretrain.model.weights import WEIGHTS_FILE, WeightsError, parse_init_from
 from pretrain.run_layout import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
     DELETING_SUFFIX,
     LATEST_FILE,
     RNG_DIR,
@@ -71,6 +79,13 @@ from pretrain.train.reshard import (
     needs_universal,
     saved_ranks,
     universal_loading,
+)
+from pretrain.train.state_files import (
+    RngStateError,
+    read_rng_state,
+    reseed,
+    rng_state,
+    set_rng_state,
 )
 
 
@@ -197,25 +212,6 @@ def clean_leftovers(ckpt_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
         elif is_complete(p):  # a re-partitioning cut short (pretrain/train/reshard.py)
             shutil.rmtree(p / (UNIVERSAL_DIR + TMP_SUFFIX), ignore_errors=True)
-
-
-def rng_state() -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 class _OnDisk:
@@ -468,6 +464,10 @@ class Checkpointer:
         self.wait()
         folder = self.dir / tag
         state = read_state(folder)
+        # Ours before DeepSpeed's: a file that is refused stops the resume before anything
+        # else is loaded (this check cannot vouch for DeepSpeed's pickles: docs/training.md,
+        # "Trust").
+        rng = self._read_rng(folder) if state.get("world_size") == self.world_size else None
         resharded = needs_universal(folder, self.world_size)
         load_dir, load_tag = str(self.dir), tag
         if resharded:
@@ -479,9 +479,8 @@ class Checkpointer:
             )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {folder}")
-        rng_file = self._rng_file(folder)
-        if rng_file.is_file() and state.get("world_size") == self.world_size:
-            set_rng_state(torch.load(rng_file, weights_only=False))
+        if rng is not None:
+            set_rng_state(rng)
         else:
             reseed(seed, state["step"], self.rank)
             if self.rank == 0:
@@ -492,6 +491,22 @@ class Checkpointer:
                     flush=True,
                 )
         return state
+
+    def _read_rng(self, folder: Path) -> dict[str, Any] | None:
+        """This rank's saved RNG states (None without a file), read without running code;
+        when any rank's file is refused, every rank raises its RngStateError (none waits
+        alone in a collective)."""
+        rng_file = self._rng_file(folder)
+        rng, error = None, None
+        if rng_file.is_file():
+            try:
+                rng = read_rng_state(rng_file, warn=self.rank == 0)
+            except RngStateError as e:
+                error = str(e)
+        errors = [e for e in _gather([error]) if e]
+        if errors:
+            raise RngStateError(errors[0])
+        return rng
 
     def _convert(self, folder: Path) -> None:
         """Rank 0 makes folder's universal form; every rank gets its error, if any."""
@@ -518,14 +533,31 @@ def _ranks(n: int | None) -> str:
     return "1 rank" if n == 1 else f"{n} ranks"
 
 
-def reseed(seed: int, step: int, rank: int) -> None:
-    """Seed python, numpy and torch from (seed, step, rank): a resume that cannot restore the
-    saved states (another world size) neither repeats step 0's dropout nor shares a stream
-    between ranks."""
-    value = int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
-    random.seed(value)
-    np.random.seed(value)
-    torch.manual_seed(value)
+def check_init_from(spec: str | None) -> None:
+    """checkpoint.init_from takes a run (its newest checkpoint), RUN@STEP, a checkpoint folder
+    or a weights folder (model.safetensors + config.yaml, as every checkpoint holds and
+    tools/import_hf.py writes); any other folder is refused in one line saying what to give.
+    The source's shape and integrity are checked next (model/weights.py, init_from_source)."""
+    if not spec:
+        return
+    folder = Path(parse_init_from(spec)[0])
+    if not folder.is_dir():
+        return  # init_from_source names a missing path
+    weights = (folder / WEIGHTS_FILE).is_file() and (folder / CONFIG_FILE).is_file()
+    run = (folder / CHECKPOINTS_DIR).is_dir() or (folder / LATEST_FILE).is_file()
+    if weights or run or any(folder.glob("step_*")):
+        return
+    where = f"checkpoint.init_from={spec!r}: {folder}"
+    if (folder / "config.json").is_file():
+        raise WeightsError(
+            f"{where} is a Hugging Face folder (config.json), not a weights folder; convert "
+            f"it first: python tools/import_hf.py --hf {folder} --out WEIGHTS, then "
+            f"checkpoint.init_from=WEIGHTS"
+        )
+    raise WeightsError(
+        f"{where} is neither a run's checkpoint (RUN, RUN@STEP, RUN/checkpoints/step_N) nor a "
+        f"weights folder ({WEIGHTS_FILE} + {CONFIG_FILE}); give one of those"
+    )
 
 
 def save_failed(e: Exception | str, ckpt_dir: Path, step: int) -> CheckpointSaveError:
