@@ -96,6 +96,28 @@ class ModelConfig:
     rope_theta: float = 10000.0
     # null = none; {type, factor, original_max_seq_len, ...}: RopeScalingConfig above.
     rope_scaling: RopeScalingConfig | None = None
+    # Which frequencies the rotary dims carry (pretrain/model/position.py): "neox" =
+    # theta^(-2i/r) over the r rotary dims (GPT-NeoX's rotary_pct, the paper); "p_rope" = the
+    # r/2 highest of full RoPE's theta^(-2i/head_dim), the lowest dropped (Barbero et al. 2025).
+    rope_spectrum: Literal["neox", "p_rope"] = "neox"
+    # NoPE layers among RoPE ones (SmolLM3, Llama 4): `nope_layers` lists 0-based layers
+    # without RoPE, or `nope_every: k` makes layer i NoPE when (i + 1) % k == 0 (SmolLM3's
+    # no_rope_layer_interval). Not both; null = every layer as rope_fraction says.
+    nope_layers: list[int] | None = None
+    nope_every: int | None = None
+    # Sliding-window attention (Mistral, Gemma 2/3, Cohere 2): a query sees itself and the
+    # W - 1 tokens before it. Which layers slide: `layer_types` (one "full" / "sliding" per
+    # layer), or `sliding_window_pattern: k` (layer i full when (i + 1) % k == 0: Gemma 3 k=6,
+    # Cohere 2 k=4), or neither: every layer slides (Mistral).
+    sliding_window: int | None = None
+    sliding_window_pattern: int | None = None
+    layer_types: list[Literal["full", "sliding"]] | None = None
+    # RoPE theta of the full-attention layers when some layers slide (Gemma 3: 1e6 global,
+    # rope_theta 1e4 local); null = rope_theta everywhere.
+    global_rope_theta: float | None = None
+    # ALiBi (Press et al. 2022): -slope_h x (i - j) on every layer's attention logits, slopes
+    # 2^(-8h/n_heads); composes with RoPE, NoPE layers, windows and document masks.
+    alibi: bool = False
     learned_pos_emb: bool = False  # absolute learned positions, added to token embeddings
     qk_norm: bool = False  # normalize q and k per head over head_dim, before RoPE
     # Attention-logit soft cap (Gemma 2): logits -> cap * tanh(logits / cap), bounding them
@@ -199,6 +221,100 @@ class ModelConfig:
             )
         if self.rope_scaling is not None:
             self._validate_scaling(self.rope_scaling, r, need)
+        self._validate_layers(r, need)
+
+    def _validate_layers(self, rotary_dims: int, need) -> None:
+        """The per-layer position fields: NoPE layers, spectrum, windows, global theta, ALiBi."""
+        n = self.n_layers
+        need(
+            self.rope_spectrum in ("neox", "p_rope"),
+            f"model.rope_spectrum={self.rope_spectrum!r} is unknown; use 'neox' or 'p_rope'",
+        )
+        need(
+            self.rope_spectrum == "neox" or self.rope_scaling is None,
+            "model.rope_spectrum=p_rope with model.rope_scaling is not supported; remove one",
+        )
+        need(
+            self.nope_layers is None or self.nope_every is None,
+            "model.nope_layers and model.nope_every are both set; set only one",
+        )
+        if self.nope_layers is not None or self.nope_every is not None:
+            name = "nope_layers" if self.nope_layers is not None else "nope_every"
+            need(
+                rotary_dims > 0,
+                f"model.{name} with 0 rotary dims: every layer is NoPE already; remove model.{name}",
+            )
+        if self.nope_layers is not None:
+            bad = [i for i in self.nope_layers if not 0 <= i < n]
+            need(not bad, f"model.nope_layers={self.nope_layers}: {bad} outside [0, n_layers={n})")
+            need(
+                len(set(self.nope_layers)) == len(self.nope_layers),
+                f"model.nope_layers={self.nope_layers} repeats a layer; list each once",
+            )
+            need(
+                len(self.nope_layers) < n,
+                f"model.nope_layers lists all {n} layers; use rope_fraction: 0 for NoPE everywhere",
+            )
+        if self.nope_every is not None:
+            need(
+                self.nope_every >= 2,
+                f"model.nope_every={self.nope_every} must be >= 2 (k: every k-th layer is NoPE; "
+                f"rope_fraction: 0 for all)",
+            )
+        w = self.sliding_window
+        need(w is None or w >= 1, f"model.sliding_window={w} must be >= 1 tokens, or null")
+        for name in ("sliding_window_pattern", "layer_types", "global_rope_theta"):
+            need(
+                getattr(self, name) is None or w is not None,
+                f"model.{name} needs model.sliding_window (the window of the sliding layers)",
+            )
+        need(
+            self.sliding_window_pattern is None or self.layer_types is None,
+            "model.sliding_window_pattern and model.layer_types are both set; set only one",
+        )
+        k = self.sliding_window_pattern
+        need(
+            k is None or k >= 2, f"model.sliding_window_pattern={k} must be >= 2 (null: all slide)"
+        )
+        types = self.layer_types
+        need(
+            types is None or len(types) == n,
+            f"model.layer_types has {len(types or [])} entries; give one per layer ({n})",
+        )
+        need(
+            types is None or set(types) <= {"full", "sliding"},
+            f"model.layer_types={types}: each entry must be 'full' or 'sliding'",
+        )
+        g = self.global_rope_theta
+        need(g is None or g > 0, f"model.global_rope_theta={g} must be a positive number, or null")
+        need(
+            g is None or "full" in self.attention_types,
+            "model.global_rope_theta is set but no layer is full attention; set "
+            "model.sliding_window_pattern or model.layer_types, or remove it",
+        )
+        need(
+            not (self.alibi and self.attn_logit_softcap > 0),
+            "model.alibi with model.attn_logit_softcap is not supported; set one of them off",
+        )
+
+    @property
+    def attention_types(self) -> list[str]:
+        """Per layer, "full" or "sliding" (pretrain/model/position.py reads it)."""
+        n = self.n_layers
+        if self.sliding_window is None:
+            return ["full"] * n
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        k = self.sliding_window_pattern
+        return ["full" if k is not None and (i + 1) % k == 0 else "sliding" for i in range(n)]
+
+    @property
+    def nope_layer_set(self) -> frozenset[int]:
+        """0-based layers without RoPE among RoPE layers (nope_layers or nope_every)."""
+        if self.nope_layers is not None:
+            return frozenset(self.nope_layers)
+        k = self.nope_every
+        return frozenset(i for i in range(self.n_layers) if k and (i + 1) % k == 0)
 
     def _validate_scaling(self, s: RopeScalingConfig, rotary_dims: int, need) -> None:
         need(
@@ -323,7 +439,10 @@ class TrainConfig:
     # Recompute blocks in the backward: false/'none', true/'full', N = the first N blocks, or
     # 'auto' = the planner's least recompute that fits (pretrain/model/recompute.py).
     activation_checkpointing: bool | int | Literal["none", "full", "auto"] = False
-    compile: bool = False  # torch.compile the model
+    # torch.compile the model (inductor): true, false, or 'auto' = compiled on CUDA where the
+    # planner's compiled step fits the GPU (pretrain/train/engine.py resolve_compile), eager
+    # on CPU, where inductor's build takes minutes for little gain on a few cores.
+    compile: bool | Literal["auto"] = "auto"
     # z-loss (PaLM): adds z_loss x mean(log Z)^2 to the loss (log Z: the log-sum-exp of a
     # token's logits), keeping the softmax normaliser near 1. 0 = off (the paper); PaLM 1e-4.
     z_loss: float = 0.0
@@ -492,6 +611,12 @@ def config_key(f: dataclasses.Field) -> str:
 
 
 def _type_name(tp: Any) -> str:
+    """The annotation as a user reads it: "bool or 'auto'", not "Union"."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
+    if origin is Literal:
+        return " or ".join(map(repr, get_args(tp)))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -160,8 +160,9 @@ def check_compile(cfg: Config) -> None:
     """`train.compile: true` runs the model through torch.compile (DeepSpeed's
     engine.compile(), inductor backend). Refuse it here, before a process group exists, where
     it could only fail minutes later inside the first step: a Python torch.compile does not
-    support, or a CPU-only machine without the C++ compiler inductor builds CPU kernels with."""
-    if not cfg.train.compile:
+    support, or a CPU-only machine without the C++ compiler inductor builds CPU kernels with.
+    `auto` is never refused: it stays eager where compiling cannot work (resolve_compile)."""
+    if cfg.train.compile is not True:
         return
     import shutil
 

@@ -65,3 +65,65 @@ def test_compile_where_dynamo_is_unsupported_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
     with pytest.raises(ConfigError, match=r"train\.compile=true: .*set train\.compile=false"):
         check_compile(cfg)
+
+
+# ----------------------------------------------------------------------------- compile: auto
+
+
+class _Planner:
+    def __init__(self, fits: bool) -> None:
+        self.fits, self.asked = fits, []
+
+    def recompute(self, cfg, world_size, device):  # not asked: the configs give a number
+        raise AssertionError
+
+    def compiled_fits(self, cfg, world_size, device, layers):
+        self.asked.append((world_size, device.type, layers))
+        return self.fits
+
+
+def test_compile_auto_is_the_default_and_compiles_on_cuda_only_where_the_plan_fits(
+    tmp_path, monkeypatch
+):
+    """`auto` (the default): eager on CPU without asking the planner; on CUDA compiled when
+    the planner says the compiled step fits, eager when it does not; true/false as given."""
+    from pretrain.config import TrainConfig
+    from pretrain.train.engine import resolve_compile
+
+    assert TrainConfig().compile == "auto"
+    cfg = from_dict(Config, tiny_config(tmp_path / "run", tmp_path / "data"))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    planner = _Planner(fits=True)
+    compiled, why = resolve_compile(cfg, 1, cpu, 0, planner)
+    assert not compiled and "eager on CPU" in why and planner.asked == []
+    assert resolve_compile(cfg, 8, cuda, 3, planner) == (
+        True,
+        "train.compile=auto: compiled on CUDA",
+    )
+    assert planner.asked == [(8, "cuda", 3)]
+    compiled, why = resolve_compile(cfg, 8, cuda, 3, _Planner(fits=False))
+    assert not compiled and "does not fit" in why
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    assert not resolve_compile(cfg, 8, cuda, 3, planner)[0]
+    for value in (True, False):
+        cfg.train.compile = value
+        assert resolve_compile(cfg, 1, cpu, 0, None)[0] is value
+
+
+def test_a_cpu_run_with_compile_auto_trains_eager_and_says_so(
+    tmp_path, tmp_path_factory, capsys, monkeypatch
+):
+    """The default config trains on CPU without torch.compile (no inductor build) and its
+    log names the choice."""
+    from train_support import stdlib_data
+
+    from pretrain.train import deepspeed_adapter
+    from pretrain.train.trainer import Trainer
+
+    compiled = []
+    monkeypatch.setattr(deepspeed_adapter, "compile_engine", compiled.append)
+    raw = tiny_config(tmp_path / "run", stdlib_data(tmp_path_factory), train={"train_iters": 2})
+    trainer = Trainer(from_dict(Config, raw), callbacks=[], save_checkpoints=False)
+    assert trainer.fit() == 0
+    assert compiled == []
+    assert "train.compile=auto: eager on CPU" in capsys.readouterr().out

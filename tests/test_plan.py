@@ -122,6 +122,7 @@ def test_choose_takes_the_least_recompute_that_fits():
     cfg = P.validation_config(
         P.VALIDATION_SHAPES["pythia (parallel, MHA)"], seq_len=128, accumulation=2
     )
+    cfg.train.compile = False  # the eager step: compile's auto is tests/test_plan_compiled.py's
     peaks = {n: P.plan_run(cfg, P.GPUS["h200"], 1, layers=n).peak for n in range(5)}
     assert all(peaks[n] > peaks[n + 1] for n in range(4))  # more recompute, less memory
     gpu = P.GPU("test", (peaks[2] + peaks[1]) // 2, 1e12)  # fits with 2, not with 1

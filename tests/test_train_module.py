@@ -101,17 +101,31 @@ def test_data_faults_corrupt_their_data_steps_only():
 # ----------------------------------------------------------------------------- recompute
 
 
+class RecordingPlanner:
+    """A planner that answers `recompute` with a fixed number and records who asked."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers, self.asked = layers, []
+
+    def recompute(self, cfg, world_size, device) -> int:
+        self.asked.append((cfg, world_size, device))
+        return self.layers
+
+    def compiled_fits(self, cfg, world_size, device, layers) -> bool:
+        raise AssertionError("not asked on CPU")
+
+
 def test_auto_recompute_is_the_programs_decision():
     cfg = from_dict(Config, {"model": {"n_layers": 4}, "train": {"activation_checkpointing": 3}})
     assert resolve_recompute(cfg, 1, CPU, None) == 3
     cfg.train.activation_checkpointing = "full"
-    assert resolve_recompute(cfg, 1, CPU, lambda *a: pytest.fail("not asked")) == 4
+    planner = RecordingPlanner(2)
+    assert resolve_recompute(cfg, 1, CPU, planner) == 4 and planner.asked == []
     cfg.train.activation_checkpointing = "auto"
     with pytest.raises(ConfigError, match=r"train\.activation_checkpointing='auto' needs"):
         resolve_recompute(cfg, 1, CPU, None)
-    asked = []
-    assert resolve_recompute(cfg, 8, CPU, lambda c, w, d: asked.append((c, w, d)) or 2) == 2
-    assert asked == [(cfg, 8, CPU)]
+    assert resolve_recompute(cfg, 8, CPU, planner) == 2
+    assert planner.asked == [(cfg, 8, CPU)]
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -137,7 +151,7 @@ def test_the_trainer_evaluates_plans_auto_and_builds_its_context_once(
 ):
     """No Evaluation callback: the trainer evaluates every eval_interval steps and at the
     last, and announces it before the step's on_step_end; `auto` recompute goes through the
-    function the program gave; what set-up builds is one frozen context."""
+    planner the program gave; what set-up builds is one frozen context."""
     raw = tiny_config(
         tmp_path / "run",
         stdlib_data(tmp_path_factory),
@@ -149,11 +163,15 @@ def test_the_trainer_evaluates_plans_auto_and_builds_its_context_once(
         Trainer(cfg, callbacks=[], save_checkpoints=False).fit()
     asked, probe = [], HookProbe()
 
-    def plan(c, world_size, device):
-        asked.append((world_size, device.type))
-        return 1
+    class Planner:
+        def recompute(self, c, world_size, device):
+            asked.append((world_size, device.type))
+            return 1
 
-    trainer = Trainer(cfg, callbacks=[probe], save_checkpoints=False, plan_recompute=plan)
+        def compiled_fits(self, c, world_size, device, layers):
+            raise AssertionError("compile: auto asks the planner on CUDA only")
+
+    trainer = Trainer(cfg, callbacks=[probe], save_checkpoints=False, planner=Planner())
     assert trainer.run is None and trainer.is_main  # before set-up: no context, no getattr
     children = set(multiprocessing.active_children())
     assert trainer.fit() == 0

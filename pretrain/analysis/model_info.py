@@ -12,7 +12,7 @@ import torch
 
 from pretrain.analysis.rope_cache import human_bytes
 from pretrain.config import ModelConfig
-from pretrain.model.rope import rope_cache_bytes
+from pretrain.model.rope import inverse_frequencies, rope_cache_bytes
 from pretrain.model.transformer import Transformer
 
 
@@ -30,15 +30,27 @@ class ModelInfo:
     rope_theta: float
     seq_len: int
     flops_per_token: float  # training (forward + backward) at seq_len
-    rope_cache_bytes: int  # the model's one fp32 cos/sin cache (max_seq_len positions)
-    per_layer_rope_cache_bytes: int  # the same cache kept in every layer (GPT-NeoX layout)
+    rope_cache_bytes: int  # the model's fp32 cos/sin caches (one per distinct layer setting)
+    per_layer_rope_cache_bytes: int  # a cache kept in every RoPE layer (GPT-NeoX layout)
+    rope_spectrum: str = "neox"
+    # (highest, lowest) inverse frequency of the rotary dims under each spectrum
+    spectra: tuple[tuple[str, float, float], ...] = ()
+    layers: tuple[str, ...] = ()  # each layer's positions, LayerPosition.describe()
 
 
 def model_info(cfg: ModelConfig, name: str = "", seq_len: int | None = None) -> ModelInfo:
     with torch.device("meta"):
         model = Transformer(cfg)
     T = seq_len or cfg.max_seq_len
-    cache = rope_cache_bytes(cfg.max_seq_len, cfg.rope_dims, 4)
+    # The model's own position modules, not the config's flags (pretrain/model/position.py).
+    positions = model.layer_positions()
+    main = next((p for p in positions if p.rope), positions[0])
+    per_layer = sum(rope_cache_bytes(cfg.max_seq_len, p.rotary_dims, 4) for p in positions)
+    spectra = []
+    if main.rope:
+        for spectrum, d in (("neox", main.rotary_dims), ("p_rope", main.head_dim)):
+            inv = inverse_frequencies(main.rotary_dims, main.theta, spectrum_dims=d)
+            spectra.append((spectrum, float(inv[0]), float(inv[-1])))
     return ModelInfo(
         name=name,
         params=model.num_params(),
@@ -48,13 +60,27 @@ def model_info(cfg: ModelConfig, name: str = "", seq_len: int | None = None) -> 
         n_heads=cfg.n_heads,
         kv_heads=cfg.kv_heads,
         head_dim=cfg.head_dim,
-        rotary_dims=cfg.rope_dims,
-        rope_theta=cfg.rope_theta,
+        rotary_dims=main.rotary_dims,
+        rope_theta=main.theta,
         seq_len=T,
         flops_per_token=model.flops_per_token(T),
-        rope_cache_bytes=cache,
-        per_layer_rope_cache_bytes=cfg.n_layers * cache,
+        rope_cache_bytes=model.rope.cache_bytes(),
+        per_layer_rope_cache_bytes=per_layer,
+        rope_spectrum=main.spectrum,
+        spectra=tuple(spectra),
+        layers=tuple(p.describe() for p in positions),
     )
+
+
+def _layer_rows(layers: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Runs of equal layers: ('layers 0-2', 'RoPE 64/64 (neox, theta 10000), full')."""
+    rows, start = [], 0
+    for i in range(1, len(layers) + 1):
+        if i == len(layers) or layers[i] != layers[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            rows.append((f"  layer {span}", layers[start]))
+            start = i
+    return rows
 
 
 def format_info(info: ModelInfo) -> str:
@@ -72,9 +98,18 @@ def format_info(info: ModelInfo) -> str:
             "rotary dims",
             f"{info.rotary_dims} of {info.head_dim} ({100 * frac:.1f}%), theta {info.rope_theta:g}",
         ),
+        *[
+            (
+                f"  {name} spectrum" + (" (used)" if name == info.rope_spectrum else ""),
+                f"inverse frequencies {hi:.4g} .. {lo:.4g}",
+            )
+            for name, hi, lo in info.spectra
+        ],
+        ("positions by layer", ""),
+        *_layer_rows(info.layers),
         (f"training FLOPs per token (seq {info.seq_len})", f"{info.flops_per_token:.4g}"),
         (
-            "RoPE cache (one, fp32)",
+            "RoPE cache (fp32)",
             f"{info.rope_cache_bytes:,} bytes ({human_bytes(info.rope_cache_bytes)})",
         ),
         (

@@ -317,13 +317,57 @@ Formula = Callable[[int, int, int], int]
 def check_model(
     model: Transformer, variant: str, build: str, formula: Formula = rope_cache_bytes
 ) -> CheckResult:
-    """Compare the rope buffers of `model` with formula(max_seq_len, rotary_dims, 4 bytes)."""
+    """Compare the rope buffers of `model` with formula(max_seq_len, rotary_dims, 4 bytes),
+    summed over the caches the model says it keeps (one per distinct layer setting:
+    pretrain/model/position.py; one for every model without per-layer settings)."""
     cfg = model.cfg
     measured, dtypes, n = measure_rope_bytes(model)
-    expected = formula(cfg.max_seq_len, cfg.rope_dims, PRECISION_BYTES["fp32"])
-    return CheckResult(
-        variant, build, cfg.rope_dims, cfg.max_seq_len, expected, measured, dtypes, n
-    )
+    elem = PRECISION_BYTES["fp32"]
+    expected = sum(formula(cfg.max_seq_len, c.rotary_dims, elem) for c in model.rope.caches)
+    dims = model.rope.rotary_dims
+    return CheckResult(variant, build, dims, cfg.max_seq_len, expected, measured, dtypes, n)
+
+
+@dataclass(frozen=True)
+class SpectrumRow:
+    fraction: float
+    rotary_dims: int
+    neox: tuple[float, float]  # (shortest, longest) wavelength in tokens, 2 pi / frequency
+    p_rope: tuple[float, float]
+
+
+def spectrum_rows(head_dim: int, theta: float, fractions: Sequence[float]) -> list[SpectrumRow]:
+    """The two spectra a partial-RoPE model can carry on the same rotary dims (its cache is
+    the same size either way): NeoX's frequencies rescaled over the r dims, and p-RoPE's, the
+    r/2 highest of full RoPE's (pretrain/model/position.py). Wavelengths in tokens."""
+    from pretrain.model.rope import inverse_frequencies
+
+    rows = []
+    for f in fractions:
+        r = rotary_dims_from_fraction(f, head_dim)
+        if r == 0:
+            continue
+        waves = []
+        for d in (r, head_dim):
+            inv = inverse_frequencies(r, theta, spectrum_dims=d).double()
+            waves.append((2 * math.pi / float(inv[0]), 2 * math.pi / float(inv[-1])))
+        rows.append(SpectrumRow(f, r, waves[0], waves[1]))
+    return rows
+
+
+def format_spectrum_table(rows: list[SpectrumRow], head_dim: int, theta: float) -> str:
+    lines = [
+        f"RoPE spectra, head_dim {head_dim}, theta {theta:g}: wavelengths in tokens "
+        f"(2 pi / frequency) of the rotary pairs, shortest .. longest",
+        "| fraction | rotary dims | neox (model.rope_spectrum: neox) | p-RoPE (p_rope) |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {_fraction_label(r.fraction)} | {r.rotary_dims} | {r.neox[0]:.3g} .. "
+            f"{r.neox[1]:.4g} | {r.p_rope[0]:.3g} .. {r.p_rope[1]:.4g} |"
+        )
+    return "\n".join(lines)
 
 
 def _small_variant(cfg: ModelConfig) -> ModelConfig:

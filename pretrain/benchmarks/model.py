@@ -34,7 +34,8 @@ import torch
 
 from pretrain.analysis.presets import load_preset
 from pretrain.config import ConfigError, ModelConfig, rotary_dims_from_fraction
-from pretrain.model.rope import RotaryEmbedding, apply_rope, rope_cache
+from pretrain.model.position import Positions
+from pretrain.model.rope import apply_rope, rope_cache
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import atomic_write
 
@@ -197,7 +198,7 @@ def build_variants(
             m.load_state_dict(state, strict=True, assign=True)  # same storage, no copy
             # Buffers (the RoPE cache) were built on meta; build them where the weights are,
             # as pretrain.model.weights.load_weights does.
-            m.rope = RotaryEmbedding.from_config(c).to(device)
+            m.rope = Positions.from_config(c).to(device)
             left = [n for n, t in [*m.named_parameters(), *m.named_buffers()] if t.is_meta]
             if left:
                 raise RuntimeError(f"benchmark variant left tensors on meta: {left}")

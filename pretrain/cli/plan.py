@@ -45,6 +45,11 @@ def format_plan(p: Plan, mfu: float, largest_mb: int | None = None) -> str:
         f"    {'+ gradients (.grad) during a step':<38} {p.ds.grads / g:8.2f} GiB",
         f"    {'+ forward/backward of a micro batch':<38} {(p.trace.train + p.ds.backward) / g:8.2f} GiB"
         f"  (forward alone {p.trace.train_forward / g:.2f})",
+        *(
+            [f"    {'+ compiled step (torch.compile)':<38} {p.compile_extra / g:8.2f} GiB"]
+            if p.compiled
+            else []
+        ),
         f"    {'+ after backward / optimizer step':<38} {max(p.ds.after_backward, p.ds.step) / g:8.2f} GiB",
         f"  train peak {p.train_peak / g:.2f} GiB, eval peak {p.eval_peak / g:.2f} GiB, "
         f"max-logit probe {p.probe_peak / g:.2f} GiB",

@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     fractions = fractions or list(rc.DEFAULT_FRACTIONS)
     rows = rc.cache_table(head_dim, seq_lens, fractions, args.precision, layers)
     print(rc.format_cache_table(rows, seq_lens, head_dim, args.precision, layers, args.units))
+    theta = cfg.rope_theta if cfg else 10000.0
+    spectra = rc.spectrum_rows(head_dim, theta, fractions)
+    print("\n" + rc.format_spectrum_table(spectra, head_dim, theta))
     if args.plot:
         path = rc.plot_cache(head_dim, fractions, args.precision, layers, max(seq_lens), args.plot)
         print(f"\nwrote {path}")

@@ -45,13 +45,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def plan_recompute(cfg, world_size: int, device) -> int:
-    """`activation_checkpointing: auto`: the planner's least recompute that fits this device.
-    Imported here, when a run asks for it: the planner loads torch's fake-tensor machinery,
+class LazyPlanner:
+    """The planner's answers to the config's "auto" fields (pretrain/train/engine.py
+    RunPlanner). Imported when a run asks: the planner loads torch's fake-tensor machinery,
     which every other start (and every rank) would pay for."""
-    from pretrain.planner import resolve_activation_checkpointing
 
-    return resolve_activation_checkpointing(cfg, world_size, device)
+    def recompute(self, cfg, world_size: int, device) -> int:
+        from pretrain.planner import resolve_activation_checkpointing
+
+        return resolve_activation_checkpointing(cfg, world_size, device)
+
+    def compiled_fits(self, cfg, world_size: int, device, layers: int) -> bool:
+        from pretrain.planner import compiled_step_fits
+
+        return compiled_step_fits(cfg, world_size, device, layers)
 
 
 @user_errors
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
             return 0
 
-        return train(cfg, plan_recompute=plan_recompute)
+        return train(cfg, planner=LazyPlanner())
     except CheckpointSaveError as e:  # the run is resumable: say how, without a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1

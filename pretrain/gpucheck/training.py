@@ -237,7 +237,7 @@ def measure_run(
     compile (a minute for a 1B model), and the plan traces the eager model anyway."""
     meter = Meter(device)
     meter.clean()
-    probe = Probe(meter, warmup, timed, profile_step, eval_forward=not cfg.train.compile)
+    probe = Probe(meter, warmup, timed, profile_step, eval_forward=cfg.train.compile is False)
     steps = warmup + timed + (1 if profile_step else 0)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, train_iters=steps))
     n = steps * cfg.train.global_batch_size

@@ -1,4 +1,5 @@
-"""Causal self-attention: MHA or GQA, optional QK-Norm, partial RoPE, SDPA, KV cache.
+"""Causal self-attention: MHA or GQA, optional QK-Norm, partial RoPE, full or sliding
+window, ALiBi, SDPA or FlexAttention, KV cache.
 
 The kernel is chosen in one place, `choose_kernel`, and run by one entry point, `attend`;
 the model calls nothing else to attend.
@@ -16,10 +17,12 @@ from torch import nn
 from pretrain.config import ConfigError, ModelConfig
 from pretrain.model.document_attention import (
     DocumentMask,
+    dense_position_mask,
     document_attention_backend,
     flex_document_attention,
 )
 from pretrain.model.norm import make_norm
+from pretrain.model.position import LayerPosition, alibi_slopes, layer_positions
 from pretrain.model.rope import apply_rope
 
 # The signature of F.scaled_dot_product_attention: (q, k, v, attn_mask=, dropout_p=,
@@ -34,6 +37,8 @@ class KVCache:
 
     Keys are stored after RoPE, so each is rotated once, at its own absolute position.
     `pos` is the number of positions already cached; the model advances it after a forward.
+    A sliding-window layer of window W keeps only its last W - 1 keys and values (all a
+    later query can see besides itself): `update_window`.
     """
 
     def __init__(
@@ -45,9 +50,15 @@ class KVCache:
         dtype=torch.float32,
     ):
         self.max_len = max_len or cfg.max_seq_len
+        self.windows = [p.window for p in layer_positions(cfg)]
         shape = (batch_size, cfg.kv_heads, self.max_len, cfg.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        empty = (batch_size, cfg.kv_heads, 0, cfg.head_dim)
+        self.k = [
+            torch.zeros(empty if w else shape, device=device, dtype=dtype) for w in self.windows
+        ]
+        self.v = [
+            torch.zeros(empty if w else shape, device=device, dtype=dtype) for w in self.windows
+        ]
         self.pos = 0
 
     def update(
@@ -62,10 +73,41 @@ class KVCache:
         self.v[layer][:, :, start:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
+    def update_window(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, window: int
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(the kept keys then k, the same of values, how many were kept): a sliding layer
+        attends over its last W - 1 keys and the new ones, and keeps the last W - 1 of those."""
+        kept = self.k[layer].shape[2]
+        keys, values = torch.cat((self.k[layer], k), dim=2), torch.cat((self.v[layer], v), dim=2)
+        keep = max(window - 1, 0)
+        self.k[layer] = keys[:, :, keys.shape[2] - min(keep, keys.shape[2]) :]
+        self.v[layer] = values[:, :, values.shape[2] - min(keep, values.shape[2]) :]
+        return keys, values, kept
+
+
+class ALiBi:
+    """A layer's ALiBi slopes (H,), fp32 on the device that asks (copied there once). Not a
+    buffer: derived from n_heads alone, so a model built on the meta device or cast to bf16
+    never holds them on meta or rounded."""
+
+    def __init__(self, n_heads: int):
+        self.slopes = alibi_slopes(n_heads)
+        self._on: dict[torch.device, torch.Tensor] = {}
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        if device not in self._on:
+            self._on[device] = self.slopes.to(device)
+        return self._on[device]
+
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, position: LayerPosition | None = None):
         super().__init__()
+        position = position or layer_positions(cfg)[0]
+        # This layer's attention span: None = every earlier token, W = the last W (sliding).
+        self.window = position.window
+        self.alibi = ALiBi(cfg.n_heads) if position.alibi else None
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         # One fused projection for q, k, v: [q heads | k heads | v heads].
         self.qkv = nn.Linear(
@@ -118,7 +160,9 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.heads(x, cos, sin)
         cached = 0
-        if kv_cache is not None:
+        if kv_cache is not None and self.window is not None:
+            k, v, cached = kv_cache.update_window(layer, k, v, self.window)
+        elif kv_cache is not None:
             cached = kv_cache.pos
             k, v = kv_cache.update(layer, k, v)
         dropout = self.dropout if self.training else 0.0
@@ -129,6 +173,9 @@ class Attention(nn.Module):
             dropout=dropout,
             soft_cap=self.softcap,
             injected=self.attention_fn is not None,
+            window=self.window is not None,
+            alibi=self.alibi is not None,
+            cached=cached > 0,
         )
         y = attend(
             q,
@@ -140,6 +187,8 @@ class Attention(nn.Module):
             dropout_p=dropout,
             soft_cap=self.softcap,
             fn=self.attention_fn,
+            window=self.window,
+            slopes=None if self.alibi is None else self.alibi.on(q.device),
         )
         return self.proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -152,9 +201,13 @@ def choose_kernel(
     dropout: float,
     soft_cap: float,
     injected: bool,
+    window: bool = False,
+    alibi: bool = False,
+    cached: bool = False,
 ) -> Kernel:
     """The kernel that runs one attention, from what it must honour: the device, the mask
-    kind (plain causal, or packed `documents`), the dropout of this forward (0 in eval), the
+    kind (plain causal, or packed `documents`; a sliding `window`; `alibi` biases; queries
+    after `cached` keys of a KV cache), the dropout of this forward (0 in eval), the
     attention-logit `soft_cap` and whether a kernel was `injected` (set_attention_fn).
 
     =========  =====================================================  =====================
@@ -164,11 +217,18 @@ def choose_kernel(
                                                                       B x 1 x T x T)
     injected   a kernel was injected and soft_cap == 0                is_causal=True, or a
                                                                       dense bool mask
-    flex       documents, CUDA, dropout == 0, head dim in             the BlockMask
-               FLEX_HEAD_DIMS (document_attention_backend)
-    sdpa       everything else: plain causal anywhere, documents on   is_causal=True, or a
-               CPU, with dropout or outside flex's head dims          dense bool mask
+    flex       documents, a window or ALiBi, no cached keys, CUDA,    the BlockMask (of the
+               dropout == 0, head dim in FLEX_HEAD_DIMS               window too); ALiBi as
+               (document_attention_backend)                           a score modifier
+    sdpa       everything else: plain causal anywhere, documents,     is_causal=True, or a
+               windows or ALiBi on CPU, in decoding (cached keys),    dense bool mask; with
+               with dropout or outside flex's head dims               ALiBi a float bias
     =========  =====================================================  =====================
+
+    Windows and ALiBi on CUDA at paper sizes therefore never materialise a T x T mask or
+    bias: the BlockMask skips the tiles outside the window, the score modifier adds the bias
+    inside the kernel. The dense forms (dense_position_mask) are the CPU path, decoding
+    (a few queries) and the dropout / head-dim fallback.
 
     Why this order: the cap changes the scores themselves, and neither SDPA nor our
     FlexAttention call takes one, so a capped model has one path. An injected kernel stands
@@ -191,7 +251,12 @@ def choose_kernel(
         return "unfused"
     if injected:
         return "injected"
-    if documents and document_attention_backend(device, head_dim, dropout, soft_cap) == "flex":
+    masked = documents or window or alibi
+    if (
+        masked
+        and not cached
+        and document_attention_backend(device, head_dim, dropout, soft_cap) == "flex"
+    ):
         return "flex"
     return "sdpa"
 
@@ -207,9 +272,14 @@ def attend(
     dropout_p: float = 0.0,
     soft_cap: float = 0.0,
     fn: AttentionFn | None = None,
+    window: int | None = None,
+    slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q (B, H, T, D) over k, v (B, KV, cached + T, D) with `kernel`
-    (choose_kernel's choice; tests force the others), (B, H, T, D) out.
+    (choose_kernel's choice; tests force the others), (B, H, T, D) out. `window`: each query
+    sees itself and the window - 1 keys before it; `slopes` (H,): ALiBi's -slope_h x (i - j)
+    on the scaled logits (i - j: the distance in tokens, which with documents is the
+    distance within the document).
 
     The mask: `documents` (packed documents: causal within each document), else causal with
     the queries at the last T of the cached + T keys (`cached` keys from a KV cache). Every
@@ -219,11 +289,12 @@ def attend(
     cached keys or with dropout; a soft cap on a kernel other than unfused (or none on it);
     `fn` without kernel="injected" (or none with it); documents with cached keys.
     """
-    _check_attend(kernel, documents, cached, dropout_p, soft_cap, fn)
+    _check_attend(kernel, documents, cached, dropout_p, soft_cap, fn, window, slopes)
     T = q.shape[2]
     gqa = k.shape[1] != q.shape[1]
     if kernel == "flex":
-        return flex_document_attention(q, k, v, documents, compile=documents.compile)
+        compile = documents.compile if documents is not None else q.is_cuda
+        return flex_document_attention(q, k, v, documents, compile, window, slopes)
     # SDPA's is_causal aligns the mask top-left; with cached keys the queries sit at the
     # bottom-right, so past the first chunk we pass the mask ourselves (one query after
     # cached keys attends to all of them: no mask).
@@ -234,6 +305,9 @@ def attend(
         causal = False
         if T > 1:
             mask = torch.ones(T, cached + T, dtype=torch.bool, device=q.device).tril(cached)
+    if window is not None or slopes is not None:
+        mask = dense_position_mask(T, cached, window, slopes, mask, q.dtype, q.device)
+        causal = False
     if kernel == "unfused":
         if mask is None and causal:
             mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -249,8 +323,11 @@ def _check_attend(
     dropout_p: float,
     soft_cap: float,
     fn: AttentionFn | None,
+    window: int | None = None,
+    slopes: torch.Tensor | None = None,
 ) -> None:
     """One line for each way `attend`'s arguments would drop a mask, a cap or a kernel."""
+    masked = documents is not None or window is not None or slopes is not None
     problem = None
     if kernel not in ("sdpa", "flex", "injected", "unfused"):
         problem = f"kernel={kernel!r} is none of sdpa, flex, injected, unfused"
@@ -269,11 +346,12 @@ def _check_attend(
             f"documents with cached={cached} keys: incremental decoding runs one document; "
             f"pass documents=None"
         )
-    elif kernel == "flex" and (documents is None or dropout_p > 0):
+    elif kernel == "flex" and (not masked or dropout_p > 0 or cached > 0):
         problem = (
-            f"kernel='flex' with documents={'None' if documents is None else 'a mask'} and "
-            f"dropout_p={dropout_p}: FlexAttention runs document masks without dropout only; "
-            f"use kernel='sdpa' (choose_kernel)"
+            f"kernel='flex' with documents={'None' if documents is None else 'a mask'}, "
+            f"window={window}, alibi={slopes is not None}, cached={cached} and "
+            f"dropout_p={dropout_p}: FlexAttention runs document masks, windows or ALiBi "
+            f"without cached keys or dropout only; use kernel='sdpa' (choose_kernel)"
         )
     if problem is not None:
         raise ValueError(f"attend: {problem}")
@@ -295,8 +373,10 @@ def softcapped_attention(
         k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
     scores = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5
     scores = torch.tanh(scores / cap) * cap
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:  # a float bias (ALiBi), -inf where masked
+        scores = scores + mask.float()
     p = torch.softmax(scores, dim=-1).to(v.dtype)
     if dropout > 0:
         p = F.dropout(p, dropout)

@@ -22,7 +22,7 @@ decided with the other attention kernels in one place, pretrain.model.attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -64,6 +64,8 @@ class DocumentMask:
     dense: torch.Tensor | None = None  # (B, 1, T, T) bool, True = attend: sdpa_mask
     block_mask: Any = None  # a FlexAttention BlockMask: flex
     compile: bool = True  # the compiled FlexAttention functions (see build)
+    # BlockMasks of sliding-window layers, by window (built on first use, kept for the forward)
+    windowed: dict[int, Any] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -86,8 +88,12 @@ class DocumentMask:
             self.dense = same.tril()[:, None]
         return self.dense
 
-    def as_block_mask(self) -> Any:
-        """The FlexAttention BlockMask of the same rule."""
+    def as_block_mask(self, window: int | None = None) -> Any:
+        """The FlexAttention BlockMask of the same rule (and a sliding `window`)."""
+        if window is not None:
+            if window not in self.windowed:
+                self.windowed[window] = _block_mask(self.document_ids, self.compile, window)
+            return self.windowed[window]
         if self.block_mask is None:
             self.block_mask = _block_mask(self.document_ids, self.compile)
         return self.block_mask
@@ -96,13 +102,15 @@ class DocumentMask:
 _compiled: dict[str, Any] = {}
 
 
-def _block_mask(document_ids: torch.Tensor, compile: bool = True) -> Any:
-    """The BlockMask of causal & same document, by the compiled `create_block_mask`, which
-    evaluates the rule tile by tile (eager, it would hold the whole (B, T, T) mask)."""
+def _block_mask(document_ids: torch.Tensor, compile: bool = True, window: int | None = None) -> Any:
+    """The BlockMask of causal & same document (& within `window`: kv > q - window), by the
+    compiled `create_block_mask`, which evaluates the rule tile by tile (eager, it would hold
+    the whole (B, T, T) mask)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def causal_same_document(b, h, q, kv):
-        return (q >= kv) & (document_ids[b, q] == document_ids[b, kv])
+        allowed = (q >= kv) & (document_ids[b, q] == document_ids[b, kv])
+        return allowed if window is None else allowed & (kv > q - window)
 
     if compile and "mask" not in _compiled:
         _compiled["mask"] = torch.compile(create_block_mask)
@@ -111,27 +119,101 @@ def _block_mask(document_ids: torch.Tensor, compile: bool = True) -> Any:
     return build(causal_same_document, B, None, T, T, device=document_ids.device)
 
 
+_plain_masks: dict[tuple, Any] = {}
+
+
+def causal_block_mask(
+    length: int, window: int | None, device: torch.device, compile: bool = True
+) -> Any:
+    """The BlockMask of plain causal attention over `length` tokens (& within `window`),
+    the same for every row and head: built once per (length, window, device) and kept."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (length, window, str(device), compile)
+    if key not in _plain_masks:
+
+        def causal(b, h, q, kv):
+            return q >= kv if window is None else (q >= kv) & (kv > q - window)
+
+        if compile and "mask" not in _compiled:
+            _compiled["mask"] = torch.compile(create_block_mask)
+        build = _compiled["mask"] if compile else create_block_mask
+        _plain_masks[key] = build(causal, None, None, length, length, device=device)
+    return _plain_masks[key]
+
+
+def dense_position_mask(
+    queries: int,
+    cached: int,
+    window: int | None,
+    slopes: torch.Tensor | None,
+    allowed: torch.Tensor | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """The mask SDPA takes for a sliding window and/or ALiBi, queries at the last `queries`
+    of cached + queries keys: bool (.., T, K) True = attend, or with `slopes` (H,) a float
+    bias (.., H, T, K) of -slope x (i - j) where allowed and -inf elsewhere. `allowed`: a
+    document mask (B, 1, T, K) to combine, or None for plain causal. Holds T x K (x H): the
+    CPU and fallback path, never FlexAttention's."""
+    i = torch.arange(queries, device=device)[:, None] + cached  # query positions among keys
+    j = torch.arange(cached + queries, device=device)[None, :]
+    mask = j <= i
+    if window is not None:
+        mask = mask & (j > i - window)
+    if allowed is not None:
+        mask = mask & allowed
+    if slopes is None:
+        return mask
+    bias = -slopes.to(device=device, dtype=torch.float32)[:, None, None] * (i - j).float()
+    return bias.masked_fill(~mask, float("-inf")).to(dtype)
+
+
 def flex_document_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: DocumentMask,
+    mask: DocumentMask | None,
     compile: bool = True,
+    window: int | None = None,
+    slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """FlexAttention with the document block mask; compiled once per process (eager
-    FlexAttention is a slow reference that builds the scores: `compile=False` for tests)."""
+    """FlexAttention with the block mask of the documents (or plain causal when `mask` is
+    None) and a sliding `window`, ALiBi's -slope_h x (q - kv) as a score modifier when
+    `slopes` (H,) fp32 are given (added to the scaled scores, in fp32, as SDPA adds a float
+    mask); compiled once per process (eager FlexAttention is a slow reference that builds
+    the scores: `compile=False` for tests)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if compile and "attention" not in _compiled:
         _compiled["attention"] = torch.compile(flex_attention, dynamic=False)
     flex = _compiled["attention"] if compile else flex_attention
-    return flex(q, k, v, block_mask=mask.as_block_mask(), enable_gqa=k.shape[1] != q.shape[1])
+    if mask is not None:
+        block_mask = mask.as_block_mask(window)
+    else:
+        block_mask = causal_block_mask(q.shape[2], window, q.device, compile)
+    score_mod = None
+    if slopes is not None:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx - kv_idx)
+
+    return flex(
+        q,
+        k,
+        v,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        enable_gqa=k.shape[1] != q.shape[1],
+    )
 
 
 __all__ = [
     "FLEX_HEAD_DIMS",
     "Backend",
     "DocumentMask",
+    "causal_block_mask",
+    "dense_position_mask",
     "document_attention_backend",
     "flex_document_attention",
 ]

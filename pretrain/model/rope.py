@@ -33,10 +33,14 @@ from torch import nn
 from pretrain.config import ModelConfig, RopeScalingConfig
 
 
-def inverse_frequencies(rotary_dims: int, theta: float, device=None) -> torch.Tensor:
-    """theta^(-2i/rotary_dims) for i in [0, rotary_dims/2), fp32 (computed in fp64)."""
+def inverse_frequencies(
+    rotary_dims: int, theta: float, device=None, spectrum_dims: int | None = None
+) -> torch.Tensor:
+    """theta^(-2i/d) for i in [0, rotary_dims/2), fp32 (computed in fp64); d = rotary_dims
+    (NeoX's spectrum, rescaled over the rotary dims) or `spectrum_dims` = head_dim (p-RoPE:
+    the rotary_dims/2 highest frequencies of full RoPE, the lowest dropped)."""
     i = torch.arange(0, rotary_dims, 2, dtype=torch.float64, device=device)
-    return (1.0 / (theta ** (i / rotary_dims))).to(torch.float32)
+    return (1.0 / (theta ** (i / (spectrum_dims or rotary_dims)))).to(torch.float32)
 
 
 def _frequencies64(rotary_dims: int, theta: float, device=None) -> torch.Tensor:
@@ -80,6 +84,7 @@ def scaled_frequencies(
     original_len: int | None = None,
     seq_len: int | None = None,
     device=None,
+    spectrum_dims: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """(inverse frequencies, fp32 computed in fp64; the factor cos and sin are multiplied by).
 
@@ -89,7 +94,9 @@ def scaled_frequencies(
     """
     r = rotary_dims
     if scaling is None or scaling.factor == 1.0 or r == 0:
-        return inverse_frequencies(r, theta, device), 1.0
+        return inverse_frequencies(r, theta, device, spectrum_dims), 1.0
+    if spectrum_dims not in (None, r):
+        raise ValueError("rope_scaling of a p-RoPE spectrum is not supported")
     f = scaling.factor
     original = scaling.original_max_seq_len or original_len
     if scaling.type in ("yarn", "dynamic_ntk") and not original:
@@ -122,10 +129,11 @@ def rope_cache(
     scaling: RopeScalingConfig | None = None,
     original_len: int | None = None,
     seq_len: int | None = None,
+    spectrum_dims: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (max_seq_len, rotary_dims), fp32, halves repeated (rotate_half)."""
     inv_freq, factor = scaled_frequencies(
-        rotary_dims, theta, scaling, original_len, seq_len, device
+        rotary_dims, theta, scaling, original_len, seq_len, device, spectrum_dims
     )
     pos = torch.arange(max_seq_len, dtype=torch.float32, device=device)
     freqs = torch.outer(pos, inv_freq)  # (T, r/2)
@@ -243,9 +251,12 @@ class RotaryEmbedding(nn.Module):
         theta: float,
         scaling: RopeScalingConfig | None = None,
         original_len: int | None = None,
+        spectrum_dims: int | None = None,
     ):
         super().__init__()
         self.rotary_dims = rotary_dims
+        # None: NeoX's frequencies over the rotary dims; head_dim: p-RoPE's (inverse_frequencies)
+        self.spectrum_dims = spectrum_dims
         self.max_seq_len = max_seq_len
         self.theta = theta
         self.scaling = scaling
@@ -263,6 +274,7 @@ class RotaryEmbedding(nn.Module):
             cfg.rope_theta,
             cfg.rope_scaling,
             cfg.original_max_seq_len,
+            spectrum_dims=cfg.head_dim if cfg.rope_spectrum == "p_rope" else None,
         )
 
     @property
@@ -279,6 +291,7 @@ class RotaryEmbedding(nn.Module):
             scaling=self.scaling,
             original_len=self.original_len,
             seq_len=seq_len,
+            spectrum_dims=self.spectrum_dims,
         )
 
     def _apply(self, fn, recurse=True):
@@ -315,7 +328,8 @@ class RotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         s = self.scaling
         scaled = f", scaling={s.type} x{s.factor:g}" if s is not None and s.factor != 1 else ""
+        spectrum = f", p_rope over {self.spectrum_dims}" if self.spectrum_dims else ""
         return (
             f"rotary_dims={self.rotary_dims}, max_seq_len={self.max_seq_len}, "
-            f"theta={self.theta:g}{scaled}"
+            f"theta={self.theta:g}{scaled}{spectrum}"
         )

@@ -22,7 +22,7 @@ from pretrain.model.attention import Attention, AttentionFn, KVCache, choose_ker
 from pretrain.model.document_attention import DocumentMask
 from pretrain.model.loss import IGNORE_INDEX, linear_cross_entropy
 from pretrain.model.norm import make_norm
-from pretrain.model.rope import RotaryEmbedding
+from pretrain.model.position import LayerPosition, Positions, attended_pairs
 
 
 class LossOutput(NamedTuple):
@@ -57,11 +57,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, position: LayerPosition | None = None):
         super().__init__()
         self.parallel = cfg.block == "parallel"
         self.norm1 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, position)
         self.norm2 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -90,8 +90,10 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.learned_pos_emb else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.rope = RotaryEmbedding.from_config(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        # Every layer's positions (pretrain/model/position.py): one RoPE cache per distinct
+        # setting; `rope` keeps the name (and the interface) of the model's one cache.
+        self.rope = Positions.from_config(cfg)
+        self.blocks = nn.ModuleList(Block(cfg, p) for p in self.rope.layers)
         self.norm_f = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -157,7 +159,7 @@ class Transformer(nn.Module):
         documents = self._document_mask(input_ids, kv_cache, document_ids, position_ids)
         if position_ids is None:
             self.check_length(start + T)
-            cos, sin = self.rope(start, T)
+            ropes = self.rope.per_layer(start, T)
             positions = torch.arange(start, start + T, device=input_ids.device)
         else:
             if max_position is None:
@@ -166,7 +168,7 @@ class Transformer(nn.Module):
                 if low < 0:
                     raise ValueError("position_ids holds a negative position; positions start at 0")
             self.check_length(max_position + 1)
-            cos, sin = self.rope.at(position_ids, max_position)
+            ropes = self.rope.per_layer_at(position_ids, max_position)
             positions = position_ids
         x = self.wte(input_ids)
         if self.wpe is not None:
@@ -174,6 +176,7 @@ class Transformer(nn.Module):
         x = self.drop(x)
         recompute = self.checkpointed_layers() if self.training and kv_cache is None else 0
         for i, block in enumerate(self.blocks):
+            cos, sin = ropes[i]
             if i < recompute:
                 x = checkpoint(block, x, cos, sin, None, i, documents, use_reentrant=False)
             else:
@@ -280,7 +283,12 @@ class Transformer(nn.Module):
         change, the weights do not."""
         cfg = dataclasses.replace(self.cfg, rope_scaling=scaling)  # validates
         self.cfg = cfg
-        self.rope = RotaryEmbedding.from_config(cfg).to(self.rope.cos.device)
+        self.rope = Positions.from_config(cfg).to(self.rope.cos.device)
+
+    def layer_positions(self) -> list[LayerPosition]:
+        """Every layer's position settings (rotary dims, theta, spectrum, window, ALiBi): what
+        readers (planner, RoPE cache tool, model_info) ask instead of the config's fields."""
+        return list(self.rope.layers)
 
     def set_attention_fn(self, fn: AttentionFn | None) -> None:
         """Every block's attention kernel, with the signature of
@@ -371,11 +379,21 @@ class Transformer(nn.Module):
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward).
 
-        6 * N_matmul + 12 * n_layers * n_heads * head_dim * seq_len, where N_matmul counts
-        the weights of every linear layer (lm_head included, embedding lookups excluded)
-        and the second term is attention's QK^T and AV (PaLM, Appendix B; not halved for
-        the causal mask, the usual MFU convention). Norms, RoPE and softmax are ignored.
+        6 * N_matmul + 12 * n_heads * head_dim * seq_len * sum(attention_shares), where
+        N_matmul counts the weights of every linear layer (lm_head included, embedding
+        lookups excluded) and the second term is attention's QK^T and AV (PaLM, Appendix B;
+        not halved for the causal mask, the usual MFU convention). A full layer's share is 1;
+        a sliding-window layer's is its attended pairs over the causal ones, so it counts the
+        pairs it attends. Norms, RoPE, ALiBi and softmax are ignored.
         """
         c = self.cfg
         T = seq_len or c.max_seq_len
-        return 6 * self.matmul_params() + 12 * c.n_layers * c.n_heads * c.head_dim * T
+        attention = 12 * c.n_heads * c.head_dim * T * sum(self.attention_shares(T))
+        return 6 * self.matmul_params() + attention
+
+    def attention_shares(self, seq_len: int) -> list[float]:
+        """Per layer, the share of a causal attention's (query, key) pairs it attends over
+        seq_len tokens: 1 for full attention, attended_pairs(T, W) / attended_pairs(T) for
+        a sliding window W."""
+        causal = attended_pairs(seq_len, None)
+        return [attended_pairs(seq_len, p.window) / causal for p in self.rope.layers]

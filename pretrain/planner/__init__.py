@@ -42,6 +42,7 @@ free of c10's CPU allocator with the running total), after a warm-up step.
 
 from __future__ import annotations
 
+from pretrain.planner.compiled import compiled_extra_bytes
 from pretrain.planner.deepspeed_buffers import (
     DeepSpeedMemory,
     deepspeed_memory,
@@ -70,6 +71,7 @@ from pretrain.planner.paper import (
 from pretrain.planner.search import (
     Plan,
     choose,
+    compiled_step_fits,
     flops_per_token,
     largest_micro_batch,
     least_recompute,
@@ -121,6 +123,8 @@ __all__ = [
     "Validation",
     "allocated_over_time",
     "choose",
+    "compiled_extra_bytes",
+    "compiled_step_fits",
     "cpu_kernel_path",
     "cpu_kernel_workspace",
     "deepspeed_memory",

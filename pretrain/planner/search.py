@@ -1,11 +1,12 @@
 """The plan of a run (memory, FLOPs, time) and the search for what fits: the micro batch and
-the least recompute; `resolve_activation_checkpointing` decides `auto` for a program.
+the least recompute; `resolve_activation_checkpointing` and `compiled_step_fits` decide the
+`auto` of recompute and compile for a program.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from pretrain.config import Config, ConfigError, ModelConfig
 from pretrain.model.recompute import KEY as CKPT_KEY
 from pretrain.model.recompute import describe_recompute, recompute_layers
 from pretrain.model.transformer import Transformer
+from pretrain.planner.compiled import compiled_extra_bytes, compiles
 from pretrain.planner.deepspeed_buffers import DeepSpeedMemory, deepspeed_memory
 from pretrain.planner.gpus import (
     CUBLAS_WORKSPACE,
@@ -50,6 +52,8 @@ class Plan:
     steps: int
     n_params: int
     notes: list[str] = field(default_factory=list)
+    compiled: bool = False  # torch.compile'd (train.compile, auto resolved as training does)
+    compile_extra: int = 0  # what the compiled step holds over the eager trace (compiled.py)
 
     # memory
     @property
@@ -62,9 +66,8 @@ class Plan:
         # then after the backward and in the optimizer step, when the gradients exist.
         ds = self.ds
         grads = self.ds.grads
-        return self.static_bytes + max(
-            self.grads + self.trace.train + ds.backward, grads + ds.after_backward, grads + ds.step
-        )
+        forward_backward = self.grads + self.trace.train + self.compile_extra + ds.backward
+        return self.static_bytes + max(forward_backward, grads + ds.after_backward, grads + ds.step)
 
     @property
     def eval_peak(self) -> int:
@@ -113,6 +116,8 @@ class Plan:
             "grad_accum": self.grad_accum,
             "seq_len": self.seq_len,
             "activation_checkpointing": self.layers,
+            "compiled": self.compiled,
+            "compile_extra_gib": self.compile_extra / GiB,
             "checkpointing": describe_recompute(self.layers, self.n_layers),
             "optimizer": self.optimizer,
             "static_gib": self.static_bytes / GiB,
@@ -150,16 +155,24 @@ def flops_per_token(
     A recomputed block runs its forward once more: 2 x its matmul weights + 4 x n_heads x
     head_dim x seq_len (QK^T and AV) per token. `attended`: the share of causal attention
     pairs a document mask keeps (data/documents.attended_fraction); executed attention counts
-    only those, the model FLOPs (MFU's numerator) keep the usual causal count.
+    only those, the model FLOPs (MFU's numerator) keep the usual causal count. Sliding-window
+    layers count the pairs their window attends in both (`Transformer.attention_shares`; with
+    a document mask too, the two shares are multiplied: an estimate).
     """
     model = _meta_model(cfg)
     model_flops = model.flops_per_token(seq_len)
-    attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    shares = model.attention_shares(seq_len)
+    per_layer = 12 * cfg.n_heads * cfg.head_dim * seq_len  # a full layer's, per token
+    attention = per_layer * sum(shares)
     block = sum(
         m.weight.numel() for m in model.blocks[0].modules() if isinstance(m, torch.nn.Linear)
     )
     per_block = 2 * block + 4 * cfg.n_heads * cfg.head_dim * seq_len * attended
-    return model_flops, model_flops - attention * (1 - attended) + layers * per_block
+    if all(share == 1 for share in shares[:layers]):
+        recomputed = layers * per_block
+    else:
+        recomputed = sum(per_block + (per_block - 2 * block) * (s - 1) for s in shares[:layers])
+    return model_flops, model_flops - attention * (1 - attended) + recomputed
 
 
 _fractions: dict[tuple[tuple[str, ...], int], tuple[float, int] | None] = {}
@@ -201,7 +214,8 @@ def document_buffers(cfg: Config, micro_batch: int, target: str) -> dict[str, in
     (FlexAttention's BlockMask on CUDA: 4 int32 tile tables of (B, T/128, T/128); the boolean
     (B, T, T) mask elsewhere) and, with position reset, the per-token cos/sin (B, T, r) fp32."""
     out = {}
-    T, r = cfg.seq_len, cfg.model.rope_dims
+    # every distinct RoPE setting of the layers has its own per-token cos/sin
+    T, r = cfg.seq_len, sum(c.rotary_dims for c in _meta_model(cfg.model).rope.caches)
     if cfg.data.document_mask:
         tiles = -(-T // 128)
         if target == "cuda":
@@ -228,10 +242,12 @@ def plan_run(
     reserve: int | None = None,
     name: str = "",
     whole_logits: bool = False,
+    compiled: bool | None = None,
 ) -> Plan:
     """The plan of `cfg` on `world_size` GPUs (micro batch and recomputed layers as given,
     else the config's; the config's "auto" must be resolved first: `choose`).
-    `whole_logits`: plan the loss as it was before the chunked one (for comparisons)."""
+    `whole_logits`: plan the loss as it was before the chunked one (for comparisons).
+    `compiled`: plan the step compiled or eager; None = as the config's train.compile."""
     t = cfg.train
     mb = micro_batch or t.micro_batch_size
     per_rank = t.global_batch_size // world_size
@@ -255,8 +271,7 @@ def plan_run(
         groups, world_size, t.precision, t.grad_accum_dtype, t.zero_stage, fused, t.deepspeed
     )
     static = dict(ds.static)
-    rope = 2 * cfg.model.max_seq_len * cfg.model.rope_dims * 4
-    static["RoPE cos/sin cache"] = rope
+    static["RoPE cos/sin cache"] = _meta_model(cfg.model).rope.cache_bytes()
     if target == "cuda":
         static["cuBLAS workspaces"] = CUBLAS_WORKSPACE
     static.update(document_buffers(cfg, mb, target))
@@ -266,7 +281,7 @@ def plan_run(
     notes = [documents_note] if documents_note else []
     if t.zero_stage == 2:
         notes.append("ZeRO-2: DeepSpeed's buffers are estimated from its source, not validated")
-    return Plan(
+    plan = Plan(
         name=name,
         gpu=gpu,
         world_size=world_size,
@@ -289,6 +304,32 @@ def plan_run(
         n_params=sum(sum(g) for g in groups),
         notes=notes,
     )
+    return with_compile(plan, cfg, compiled)
+
+
+def with_compile(plan: Plan, cfg: Config, compiled: bool | None = None) -> Plan:
+    """`plan` as the run compiles: `compiled` given, else the config's train.compile, whose
+    `auto` compiles on CUDA where the compiled step fits and stays eager where only the eager
+    one does, as training decides (pretrain/train/engine.py resolve_compile)."""
+    if compiled is None:
+        compiled = compiles(cfg, plan.target)
+    extra = compiled_extra_bytes(cfg, plan.micro_batch, plan.layers, plan.target)
+    as_compiled = replace(plan, compiled=True, compile_extra=extra)
+    if compiled is not None:
+        return as_compiled if compiled else plan
+    if as_compiled.fits or not plan.fits:
+        return as_compiled
+    note = (
+        f"train.compile=auto: eager; compiled it would need {extra / GiB:.2f} GiB more and "
+        f"not fit (pretrain/planner/compiled.py)"
+    )
+    return replace(plan, notes=[*plan.notes, note])
+
+
+def compiled_step_fits(cfg: Config, world_size: int, device: torch.device, layers: int) -> bool:
+    """`train.compile: auto` at the start of a run: does the compiled step fit this GPU?"""
+    gpu = device_gpu(device)
+    return plan_run(cfg, gpu, world_size, layers=layers, target="cuda", compiled=True).fits
 
 
 def micro_batch_candidates(cfg: Config, world_size: int, largest: int | None = None) -> list[int]:
@@ -390,6 +431,15 @@ def largest_micro_batch(
 # ----------------------------------------------------------------------------- for training
 
 
+def device_gpu(device: torch.device) -> GPU:
+    """The GPU (or the host, for CPU runs) a program runs on, as the planner sees it."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return GPU(props.name, props.total_memory, 989e12)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return GPU("CPU (host memory)", memory, 1e12)
+
+
 def resolve_activation_checkpointing(cfg: Config, world_size: int, device: torch.device) -> int:
     """The number of blocks to recompute for this run; "auto" plans it for this device
     (at the configured micro batch) and says so on rank 0."""
@@ -397,13 +447,7 @@ def resolve_activation_checkpointing(cfg: Config, world_size: int, device: torch
     layers = recompute_layers(cfg.train.activation_checkpointing, L)
     if layers is not None:
         return layers
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        gpu = GPU(props.name, props.total_memory, 989e12)
-        target = "cuda"
-    else:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        gpu, target = GPU("CPU (host memory)", memory, 1e12), "cpu"
+    gpu, target = device_gpu(device), "cuda" if device.type == "cuda" else "cpu"
     plan = choose(cfg, gpu, world_size, change_micro_batch=False, target=target)
     if plan is None:
         raise ConfigError(

@@ -15,11 +15,12 @@ from pretrain.eval.metrics import text_per_token
 from pretrain.faults import DataFaults
 from pretrain.run_layout import RunLayout
 from pretrain.train import distributed as dist_utils
-from pretrain.train.checkpoint import Checkpointer
+from pretrain.train.checkpoint import Checkpointer, check_init_from
 from pretrain.train.distributed import DistEnv
-from pretrain.train.engine import PlanRecompute, build_engine, resolve_recompute
+from pretrain.train.engine import RunPlanner, build_engine, resolve_compile, resolve_recompute
 from pretrain.train.module import TrainModule
 from pretrain.train.recovery import warn_config_changes
+from pretrain.train.state_files import seed_python_numpy
 
 
 @dataclass(frozen=True)
@@ -39,14 +40,18 @@ def build_context(
     cfg: Config,
     layout: RunLayout,
     data: DataSource | None,
-    plan_recompute: PlanRecompute | None,
+    planner: RunPlanner | None,
     log: Callable[[str], None],
 ) -> RunContext:
     """Process group, data, engine, training module, checkpointer: what a run builds once.
     `data` replaces the megatron-core pipeline (Trainer's argument)."""
     t = cfg.train
     env = dist_utils.setup_env()
+    # Before anything draws from them (data, DeepSpeed): a fresh run's RNG files then
+    # depend on the config alone; a resume restores the saved states over these.
+    seed_python_numpy(t.seed, env.rank)
     device = dist_utils.device_for(env)
+    check_init_from(cfg.checkpoint.init_from)
     check_run(cfg, env.world_size, check_data=data is None)
     grad_accum = grad_accum_steps(cfg, env.world_size)
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -62,8 +67,11 @@ def build_context(
     if data is None:
         data = build_data(cfg, env, t.eval_iters * t.global_batch_size if eval_enabled else 0)
     eval_enabled = eval_enabled and data.valid is not None
-    recompute = resolve_recompute(cfg, env.world_size, device, plan_recompute)
-    engine = build_engine(cfg, env.world_size, device, recompute)
+    recompute = resolve_recompute(cfg, env.world_size, device, planner)
+    compiled, why = resolve_compile(cfg, env.world_size, device, recompute, planner)
+    if env.is_main:
+        log(why)
+    engine = build_engine(cfg, env.world_size, device, recompute, compiled)
     faults = DataFaults(cfg.spikes.faults, t.seed, cfg.model.vocab_size, env.rank, layout)
     return RunContext(
         env=env,

@@ -47,7 +47,7 @@ from pretrain.train.callbacks import Callback, build_callbacks, build_evaluators
 from pretrain.train.checkpoint import find_resume_tag, save_failed
 from pretrain.train.checkpoint_schedule import CheckpointSchedule
 from pretrain.train.context import RunContext, build_context
-from pretrain.train.engine import PlanRecompute
+from pretrain.train.engine import RunPlanner
 from pretrain.train.evaluators import Evaluator, run_due
 from pretrain.train.metrics import StepRecord
 from pretrain.train.recovery import (
@@ -76,8 +76,8 @@ class Trainer:
     throughput benchmark); `callbacks` replaces the ones the config chooses
     (`build_callbacks(cfg)`; the evaluators stay the config's); `save_checkpoints=False`
     writes none (the benchmark).
-    `plan_recompute(cfg, world_size, device) -> layers` decides `activation_checkpointing:
-    auto` (the program passes the planner's; training itself never imports the planner).
+    `planner` decides the "auto" of `activation_checkpointing` and `compile` (the program
+    passes the planner's; training itself never imports the planner).
     """
 
     def __init__(
@@ -86,11 +86,11 @@ class Trainer:
         data: DataSource | None = None,
         callbacks: list[Callback] | None = None,
         save_checkpoints: bool = True,
-        plan_recompute: PlanRecompute | None = None,
+        planner: RunPlanner | None = None,
     ) -> None:
         self.cfg = cfg
         self.given_data = data
-        self.plan_recompute = plan_recompute
+        self.planner = planner
         self.callbacks = callbacks if callbacks is not None else build_callbacks(cfg)
         self.checkpoints = CheckpointSchedule(cfg.checkpoint.interval) if save_checkpoints else None
         self.evaluators: list[Evaluator] = []  # built by setup(), once the data is known
@@ -250,7 +250,7 @@ class Trainer:
     def setup(self) -> None:
         """Process group, data, engine: the RunContext; then resume from a checkpoint."""
         cfg = self.cfg
-        self.run = build_context(cfg, self.layout, self.given_data, self.plan_recompute, self.log)
+        self.run = build_context(cfg, self.layout, self.given_data, self.planner, self.log)
         self.evaluators = build_evaluators(cfg, self.run.eval_enabled)
         self.rollbacks = read_rollbacks(self.layout.root) if cfg.checkpoint.resume else []
         if not cfg.checkpoint.resume and self.is_main:  # a run started over forgets them
