@@ -24,6 +24,7 @@ TABLE_TITLES = {
     "numerics": "Numerics: the device against fp32 on CPU",
     "science": "Science: best validation loss, character-level RoPE-theta study",
     "science_speed": "Science: generation speed by theta (paper: 1.8x slower off the default)",
+    "positions": "Position encodings: forward + backward vs causal attention, paired rounds",
 }
 PERCENT = ("error_", "mfu_", "_rel_error")
 

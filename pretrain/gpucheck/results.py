@@ -94,6 +94,7 @@ TABLES: dict[str, tuple[str, ...]] = {
     ),
     "science": ("theta", "seed", "steps", "best_valid_loss", "status"),
     "science_speed": ("theta", "ms_per_token", "ratio_to_default"),
+    "positions": ("variant", "kernel", "median_ms", "ratio_to_causal", "tokens_per_s"),
 }
 CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "off", "flagged")
 

@@ -36,6 +36,7 @@ class Sizes:
     numerics_model: dict[str, Any]
     numerics_batch: tuple[int, int]  # (sequences, tokens)
     science: dict[str, Any]  # seeds, overrides of the char config, generation sizes
+    positions: dict[str, Any]  # the position-encoding variants' model, batch, window, rounds
     # torch.compile's backend for train.compile and the peers' compiled model: inductor on a
     # GPU; in the smoke dynamo's "eager" (the graph is captured, no code is generated: a
     # CPU inductor build takes minutes on 2 cores; tests/test_model_compile.py covers it)
@@ -71,6 +72,20 @@ GPU_SIZES = Sizes(
     ),
     numerics_batch=(4, 256),
     science=dict(seeds=(1, 2, 3), overrides=(), gen_tokens=200, gen_rounds=10),
+    # llama1b's width and heads, 4 of its blocks (attention is per block: more add nothing)
+    positions=dict(
+        vocab=1024,
+        layers=4,
+        d_model=2048,
+        heads=32,
+        kv_heads=8,
+        d_ff=8192,
+        batch=4,
+        seq_len=2048,
+        window=512,
+        warmup=2,
+        rounds=5,
+    ),
 )
 
 SMOKE_SIZES = Sizes(
@@ -120,6 +135,19 @@ SMOKE_SIZES = Sizes(
         ),
         gen_tokens=4,
         gen_rounds=1,
+    ),
+    positions=dict(
+        vocab=64,
+        layers=2,
+        d_model=64,  # head dim 16: 10% RoPE keeps 2 rotary dims
+        heads=4,
+        kv_heads=2,
+        d_ff=128,
+        batch=1,
+        seq_len=32,
+        window=8,
+        warmup=0,
+        rounds=1,
     ),
     compile_backend="eager",
 )

@@ -24,6 +24,7 @@ from pretrain.benchmarks import peers
 from pretrain.gpucheck.kernels import kernels_stage
 from pretrain.gpucheck.memory import compile_stage, memory_stage
 from pretrain.gpucheck.numerics import numerics_stage
+from pretrain.gpucheck.positions import positions_stage
 from pretrain.gpucheck.results import Stage, at_most
 from pretrain.gpucheck.science import science_stage
 from pretrain.gpucheck.sizes import MEMORY_CONFIGS, REPO, Context
@@ -135,6 +136,9 @@ BUDGETS = {
     "memory-llama1b": 120,  # 74-80 s
     "compile-pythia1b": 150,  # 42-95 s
     "memory-pythia1b": 90,  # 53-55 s
+    # Not measured yet: 7 models of 4 blocks, FlexAttention's first call compiles (~10-20 s
+    # for each window / ALiBi variant), then 5 paired rounds of ~0.1 s steps.
+    "positions": 150,
 }
 ORDER = tuple(BUDGETS)
 
@@ -159,6 +163,15 @@ def all_stages() -> list[tuple[Stage, StageFn]]:
         "numerics": (
             Stage("numerics", ("numerics",), BUDGETS["numerics"], "bf16 on GPU vs fp32 on CPU"),
             numerics_stage,
+        ),
+        "positions": (
+            Stage(
+                "positions",
+                ("positions",),
+                BUDGETS["positions"],
+                "windows, ALiBi, NoPE layers, p-RoPE vs causal attention: step time, kernel",
+            ),
+            positions_stage,
         ),
     }
     for name in MEMORY_CONFIGS:
