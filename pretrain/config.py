@@ -443,6 +443,11 @@ class TrainConfig:
     # planner's compiled step fits the GPU (pretrain/train/engine.py resolve_compile), eager
     # on CPU, where inductor's build takes minutes for little gain on a few cores.
     compile: bool | Literal["auto"] = "auto"
+    # FP8 matmuls in the blocks' linears (torchao float8 training, pretrain/train/fp8.py):
+    # off, tensorwise or rowwise scales. Needs a GPU of compute capability 8.9+ (H100, H200);
+    # `fp8_emulate` runs torchao's emulation anywhere (fp8 numerics, not speed: CPU tests).
+    fp8: Literal["off", "tensorwise", "rowwise"] = "off"
+    fp8_emulate: bool = False
     # z-loss (PaLM): adds z_loss x mean(log Z)^2 to the loss (log Z: the log-sum-exp of a
     # token's logits), keeping the softmax normaliser near 1. 0 = off (the paper); PaLM 1e-4.
     z_loss: float = 0.0

@@ -75,6 +75,32 @@ def check_run(cfg: Config, world_size: int, check_data: bool = True) -> None:
             init_from_source(cfg.checkpoint.init_from, cfg.model)
     check_wandb(cfg)
     check_downstream(cfg)
+    check_fp8(cfg)
+
+
+FP8_CAPABILITY = (8, 9)  # the first compute capability with fp8 tensor cores (Ada, Hopper)
+
+
+def check_fp8(cfg: Config) -> None:
+    """`train.fp8` where it can run (pretrain/train/fp8.py), before anything is built."""
+    t = cfg.train
+    if t.fp8 == "off" or t.fp8_emulate:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"train.fp8={t.fp8} needs a CUDA GPU with fp8 (compute capability 8.9+: L4, L40, "
+            f"H100, H200); on CPU set train.fp8_emulate=true (torchao's emulation: fp8 "
+            f"numerics, not speed) or train.fp8=off"
+        )
+    capability = torch.cuda.get_device_capability()
+    if capability < FP8_CAPABILITY:
+        raise ConfigError(
+            f"train.fp8={t.fp8}: {torch.cuda.get_device_name()} (compute capability "
+            f"{capability[0]}.{capability[1]}) has no fp8 matmuls (8.9+: L4, L40, H100, H200); "
+            f"set train.fp8=off"
+        )
 
 
 def check_downstream(cfg: Config) -> None:
@@ -381,7 +407,9 @@ def check_wandb(cfg: Config) -> None:
 
 
 __all__ = [
+    "FP8_CAPABILITY",
     "check_compile",
+    "check_fp8",
     "check_run",
     "check_data_paths",
     "check_vocab",

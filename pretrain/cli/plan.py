@@ -66,6 +66,12 @@ def format_plan(p: Plan, mfu: float, largest_mb: int | None = None) -> str:
         f"  run ({p.steps:,} steps): {_h(p.run_time(1.0))} at 100% MFU, {_h(p.run_time(mfu))} at "
         f"{100 * mfu:.0f}% MFU = {p.gpu_hours(mfu):,.0f} GPU-hours",
     ]
+    if p.fp8_flops:
+        lines.append(
+            f"  fp8: {100 * p.fp8_share:.0f}% of the model FLOPs in fp8 matmuls; at twice bf16's "
+            f"rate and free casts (a bound) the step would take {p.fp8_ideal_step_time(mfu):.2f} s "
+            f"at {100 * mfu:.0f}% MFU"
+        )
     lines += [f"  note: {n}" for n in p.notes]
     return "\n".join(lines)
 

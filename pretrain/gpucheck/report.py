@@ -25,6 +25,7 @@ TABLE_TITLES = {
     "science": "Science: best validation loss, character-level RoPE-theta study",
     "science_speed": "Science: generation speed by theta (paper: 1.8x slower off the default)",
     "positions": "Position encodings: forward + backward vs causal attention, paired rounds",
+    "fp8": "FP8 training (torchao): compiled forward + backward vs bf16, paired rounds",
 }
 PERCENT = ("error_", "mfu_", "_rel_error")
 

@@ -95,6 +95,15 @@ TABLES: dict[str, tuple[str, ...]] = {
     "science": ("theta", "seed", "steps", "best_valid_loss", "status"),
     "science_speed": ("theta", "ms_per_token", "ratio_to_default"),
     "positions": ("variant", "kernel", "median_ms", "ratio_to_causal", "tokens_per_s"),
+    "fp8": (
+        "recipe",
+        "fp8_layers",
+        "median_ms",
+        "tokens_per_s",
+        "speedup_vs_bf16",
+        "loss",
+        "loss_rel_error",
+    ),
 }
 CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "off", "flagged")
 

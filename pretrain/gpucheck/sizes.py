@@ -37,6 +37,7 @@ class Sizes:
     numerics_batch: tuple[int, int]  # (sequences, tokens)
     science: dict[str, Any]  # seeds, overrides of the char config, generation sizes
     positions: dict[str, Any]  # the position-encoding variants' model, batch, window, rounds
+    fp8: dict[str, Any]  # the fp8 stage's model (Llama-8B's width), batch, rounds
     # torch.compile's backend for train.compile and the peers' compiled model: inductor on a
     # GPU; in the smoke dynamo's "eager" (the graph is captured, no code is generated: a
     # CPU inductor build takes minutes on 2 cores; tests/test_model_compile.py covers it)
@@ -83,6 +84,19 @@ GPU_SIZES = Sizes(
         batch=4,
         seq_len=2048,
         window=512,
+        warmup=2,
+        rounds=5,
+    ),
+    # Llama-3.1-8B's width and heads, 2 of its blocks
+    fp8=dict(
+        vocab=1024,
+        layers=2,
+        d_model=4096,
+        heads=32,
+        kv_heads=8,
+        d_ff=14336,
+        batch=2,
+        seq_len=4096,
         warmup=2,
         rounds=5,
     ),
@@ -147,6 +161,18 @@ SMOKE_SIZES = Sizes(
         seq_len=32,
         window=8,
         warmup=0,
+        rounds=1,
+    ),
+    fp8=dict(
+        vocab=64,
+        layers=1,
+        d_model=64,
+        heads=4,
+        kv_heads=2,
+        d_ff=128,
+        batch=1,
+        seq_len=32,
+        warmup=1,
         rounds=1,
     ),
     compile_backend="eager",

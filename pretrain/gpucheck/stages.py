@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pretrain.benchmarks import peers
+from pretrain.gpucheck.fp8 import fp8_stage
 from pretrain.gpucheck.kernels import kernels_stage
 from pretrain.gpucheck.memory import compile_stage, memory_stage
 from pretrain.gpucheck.numerics import numerics_stage
@@ -139,6 +140,8 @@ BUDGETS = {
     # Not measured yet: 7 models of 4 blocks, FlexAttention's first call compiles (~10-20 s
     # for each window / ALiBi variant), then 5 paired rounds of ~0.1 s steps.
     "positions": 150,
+    # Not measured yet: 3 compiled 2-block 8B-width models (~30 s of compile each), 5 rounds.
+    "fp8": 150,
 }
 ORDER = tuple(BUDGETS)
 
@@ -172,6 +175,15 @@ def all_stages() -> list[tuple[Stage, StageFn]]:
                 "windows, ALiBi, NoPE layers, p-RoPE vs causal attention: step time, kernel",
             ),
             positions_stage,
+        ),
+        "fp8": (
+            Stage(
+                "fp8",
+                ("fp8",),
+                BUDGETS["fp8"],
+                "train.fp8 tensorwise / rowwise vs bf16, compiled, Llama-8B's width: speed, loss",
+            ),
+            fp8_stage,
         ),
     }
     for name in MEMORY_CONFIGS:

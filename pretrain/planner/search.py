@@ -27,6 +27,7 @@ from pretrain.planner.gpus import (
 )
 from pretrain.planner.trace import Trace, trace_step
 from pretrain.train.engine import param_groups
+from pretrain.train.fp8 import fp8_layer
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Plan:
     n_params: int
     notes: list[str] = field(default_factory=list)
     compiled: bool = False  # torch.compile'd (train.compile, auto resolved as training does)
+    fp8_flops: float = 0.0  # model FLOPs per token in fp8 matmuls (train.fp8; 0 = off)
     compile_extra: int = 0  # what the compiled step holds over the eager trace (compiled.py)
 
     # memory
@@ -100,6 +102,17 @@ class Plan:
             self.model_flops * self.tokens_per_step / (self.world_size * self.gpu.peak_flops * mfu)
         )
 
+    @property
+    def fp8_share(self) -> float:
+        """The share of the model's FLOPs that train.fp8 runs in fp8 matmuls."""
+        return self.fp8_flops / self.model_flops
+
+    def fp8_ideal_step_time(self, mfu: float) -> float:
+        """step_time with the fp8 matmuls at twice bf16's rate (H100/H200: 1979 vs 989
+        dense TFLOP/s) and the casts free: the bound fp8 can approach, never reach; the time
+        plans keep `step_time` (gpu-check's fp8 figure says how close a GPU gets)."""
+        return self.step_time(mfu) * (1 - self.fp8_share / 2)
+
     def run_time(self, mfu: float) -> float:
         return self.steps * self.step_time(mfu)
 
@@ -131,6 +144,8 @@ class Plan:
             "model_flops_per_token": self.model_flops,
             "executed_flops_per_token": self.executed_flops,
             "recompute_ratio": self.recompute_ratio,
+            "fp8_share": self.fp8_share,
+            "fp8_ideal_step_time_s": self.fp8_ideal_step_time(mfu),
             "step_time_s_at_100pct": self.step_time(1.0),
             "step_time_s": self.step_time(mfu),
             "run_time_h_at_100pct": self.run_time(1.0) / 3600,
@@ -227,6 +242,15 @@ def document_buffers(cfg: Config, micro_batch: int, target: str) -> dict[str, in
     return out
 
 
+def fp8_flops_per_token(cfg: Config) -> float:
+    """Model FLOPs per token (forward + backward: 6 per weight) of the layers train.fp8
+    converts (pretrain/train/fp8.py fp8_layer); 0 with fp8 off."""
+    if cfg.train.fp8 == "off":
+        return 0.0
+    model = _meta_model(cfg.model)
+    return 6.0 * sum(m.weight.numel() for n, m in model.named_modules() if fp8_layer(m, n))
+
+
 def _param_groups(cfg: Config) -> list[list[int]]:
     model = _meta_model(cfg.model)
     return [[p.numel() for p in g["params"]] for g in param_groups(model, cfg)]
@@ -264,7 +288,7 @@ def plan_run(
     seq = cfg.seq_len
     dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
     gas = per_rank // mb
-    trace = trace_step(cfg.model, mb, seq, dtype, layers, target, gas > 1, whole_logits)
+    trace = trace_step(cfg.model, mb, seq, dtype, layers, target, gas > 1, whole_logits, t.fp8)
     groups = _param_groups(cfg)
     fused = target == "cuda"
     ds = deepspeed_memory(
@@ -282,6 +306,7 @@ def plan_run(
     if t.zero_stage == 2:
         notes.append("ZeRO-2: DeepSpeed's buffers are estimated from its source, not validated")
     plan = Plan(
+        fp8_flops=fp8_flops_per_token(cfg),
         name=name,
         gpu=gpu,
         world_size=world_size,

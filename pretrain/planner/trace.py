@@ -18,6 +18,7 @@ from pretrain.config import ModelConfig
 from pretrain.model.loss import reference_cross_entropy
 from pretrain.model.probes import attention_logit_maxima
 from pretrain.model.transformer import Transformer
+from pretrain.train.fp8 import convert_to_fp8
 
 
 class LiveTensors(TorchDispatchMode):
@@ -154,8 +155,11 @@ def _flash_sdpa(
     return _FlashAttention2.apply(q, k, v)
 
 
-def _fake_model(cfg: ModelConfig, dtype: torch.dtype):
-    """(fake mode, Transformer built in it with `dtype` weights and the fp32 RoPE cache)."""
+def _fake_model(cfg: ModelConfig, dtype: torch.dtype, fp8: str = "off", target: str = "cuda"):
+    """(fake mode, Transformer built in it with `dtype` weights and the fp32 RoPE cache; its
+    blocks' linears in fp8 as training converts them (train.fp8): torchao's fp8 casts and
+    torch._scaled_mm have fake kernels, so the trace holds what they allocate; on the CPU
+    target, torchao's emulation, the only fp8 a CPU runs)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
@@ -164,6 +168,8 @@ def _fake_model(cfg: ModelConfig, dtype: torch.dtype):
         torch.set_default_dtype(dtype)
         try:
             model = Transformer(cfg)
+            if fp8 != "off":
+                convert_to_fp8(model, fp8, emulate=target != "cuda")
         finally:
             torch.set_default_dtype(previous)
     return mode, model
@@ -208,14 +214,16 @@ def trace_train(
     target: str = "cuda",
     grads_exist: bool = True,
     whole_logits: bool = False,
+    fp8: str = "off",
 ) -> tuple[int, int]:
     """(peak of forward + backward, peak of the forward) of one micro batch on fake tensors,
     bytes above what existed before. `grads_exist`: the parameters' .grad exist before the
     backward (a later micro batch of a step with gradient accumulation); else the backward
-    creates them, inside the trace."""
+    creates them, inside the trace. `fp8`: train.fp8's recipe (off, tensorwise, rowwise)."""
     key = (repr(cfg), micro_batch, seq_len, dtype, layers, target, grads_exist, whole_logits)
+    key += (fp8,)
     if key not in _TRAIN_CACHE:
-        mode, model = _fake_model(cfg, dtype)
+        mode, model = _fake_model(cfg, dtype, fp8, target)
         _use_kernels(model, target, whole_logits)
         with mode:
             if grads_exist:
@@ -244,12 +252,13 @@ def trace_eval(
     dtype: torch.dtype,
     target: str = "cuda",
     whole_logits: bool = False,
+    fp8: str = "off",
 ) -> tuple[int, int]:
     """(peak of the evaluation forward with targets, peak of the max-logit probe on one
     sequence), no gradients, on fake tensors, in bytes above what existed before."""
-    key = (repr(cfg), micro_batch, seq_len, dtype, target, whole_logits)
+    key = (repr(cfg), micro_batch, seq_len, dtype, target, whole_logits, fp8)
     if key not in _EVAL_CACHE:
-        mode, model = _fake_model(cfg, dtype)
+        mode, model = _fake_model(cfg, dtype, fp8, target)
         workspace = cpu_kernel_workspace if target == "cpu" else None
         _use_kernels(model, target, whole_logits)
         with mode, torch.no_grad():
@@ -279,10 +288,12 @@ def trace_step(
     target: str = "cuda",
     grads_exist: bool = True,
     whole_logits: bool = False,
+    fp8: str = "off",
 ) -> Trace:
-    """Every traced phase of a micro batch (train, eval, probe)."""
+    """Every traced phase of a micro batch (train, eval, probe), of the model as it trains
+    (`fp8`: train.fp8's recipe)."""
     train, forward = trace_train(
-        cfg, micro_batch, seq_len, dtype, layers, target, grads_exist, whole_logits
+        cfg, micro_batch, seq_len, dtype, layers, target, grads_exist, whole_logits, fp8
     )
-    evaluation, probe = trace_eval(cfg, micro_batch, seq_len, dtype, target, whole_logits)
+    evaluation, probe = trace_eval(cfg, micro_batch, seq_len, dtype, target, whole_logits, fp8)
     return Trace(train, forward, evaluation, probe)

@@ -18,6 +18,7 @@ from pretrain.train import distributed as dist_utils
 from pretrain.train.checkpoint import Checkpointer, check_init_from
 from pretrain.train.distributed import DistEnv
 from pretrain.train.engine import RunPlanner, build_engine, resolve_compile, resolve_recompute
+from pretrain.train.fp8 import fp8_layers
 from pretrain.train.module import TrainModule
 from pretrain.train.recovery import warn_config_changes
 from pretrain.train.state_files import seed_python_numpy
@@ -72,6 +73,9 @@ def build_context(
     if env.is_main:
         log(why)
     engine = build_engine(cfg, env.world_size, device, recompute, compiled)
+    if t.fp8 != "off" and env.is_main:
+        emulated = " (torchao's emulation)" if t.fp8_emulate else ""
+        log(f"train.fp8={t.fp8}{emulated}: {len(fp8_layers(engine.module))} linear layers in fp8")
     faults = DataFaults(cfg.spikes.faults, t.seed, cfg.model.vocab_size, env.rank, layout)
     return RunContext(
         env=env,

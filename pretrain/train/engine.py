@@ -27,6 +27,7 @@ from pretrain.model.recompute import recompute_layers
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import load_initial_weights
 from pretrain.train import deepspeed_adapter
+from pretrain.train.fp8 import convert_to_fp8
 from pretrain.train.schedule import make_scheduler
 from pretrain.train.spikes import SkipStepOptimizer
 
@@ -241,6 +242,8 @@ def build_engine(
         # of this run's own checkpoint then overwrites them (and the optimizer state).
         load_initial_weights(model, cfg.checkpoint.init_from)
     model.gradient_checkpointing = recompute
+    if t.fp8 != "off":  # before DeepSpeed: it wraps (and casts) the converted layers
+        convert_to_fp8(model, t.fp8, t.fp8_emulate)
     if device.type == "cuda" and optimizer_impl(cfg, device) == "deepspeed":
         readable = deepspeed_arch_list(os.environ.get(ARCH_LIST))
         if readable is not None and readable != os.environ[ARCH_LIST]:
