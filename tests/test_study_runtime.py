@@ -13,6 +13,7 @@ pretrain/cli/study_runtime.py):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -262,6 +263,20 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, str(REPO / "tools" / "study.py"), *args]
 
 
+def _study(*args: str) -> subprocess.CompletedProcess:
+    """tools/study.py's main() in this process: the same program after its imports, without
+    a cold interpreter per call (the executor the test kills is launched as a process)."""
+    from pretrain.cli.study import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def _wait(what, cond, timeout: float = 240.0, proc=None) -> None:
     end = time.monotonic() + timeout
     while not cond():
@@ -287,7 +302,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow(
     reason="three executor calls, three tiny trainings and an evaluation: 35-60 s on 2 cores"
 )
-def test_local_executor_killed_halfway_and_continued(tmp_path, data):
+def test_local_executor_killed_halfway_and_continued(tmp_path, data, monkeypatch):
     # 0.4 s per step: the first run is still training when the test kills the executor.
     path = study_file(tmp_path, data, train_iters=12, eval_interval=6)
     cfg_slow = yaml.safe_load(path.read_text())
@@ -299,9 +314,9 @@ def test_local_executor_killed_halfway_and_continued(tmp_path, data):
     study = load_study(path)
     first, second = (tmp_path / r.run_dir for r in study.runs)
     env = child_env()
-    out = subprocess.run(
-        _cli("write", str(path)), env=env, capture_output=True, text=True, timeout=120
-    )
+    for name, value in env.items():  # the in-process calls' runs inherit it, as a launch's
+        monkeypatch.setenv(name, value)
+    out = _study("write", str(path))
     assert out.returncode == 0, out.stderr
 
     executor = subprocess.Popen(
@@ -316,13 +331,7 @@ def test_local_executor_killed_halfway_and_continued(tmp_path, data):
     try:
         _wait("two steps", lambda: read_progress(study.runs[0], tmp_path).step >= 2, proc=executor)
         # Running: a second executor is refused, and status shows the run's progress.
-        again = subprocess.run(
-            _cli("submit", str(path), "--executor", "local"),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        again = _study("submit", str(path), "--executor", "local")
         assert again.returncode == 2 and "holds" in again.stderr, again.stderr
         rows = {r.run.name: r for r in study_status(study, tmp_path, ask_slurm=False).rows}
         assert rows["rope0_s1"].state == RUNNING and rows["rope0_s1"].job.startswith("local pid")
@@ -341,13 +350,7 @@ def test_local_executor_killed_halfway_and_continued(tmp_path, data):
     assert rows["rope0_s1"].state == STOPPED and rows["rope25_s1"].state == NOT_STARTED
 
     # The same command continues: the stopped run resumes, the other one starts.
-    cont = subprocess.run(
-        _cli("submit", str(path), "--executor", "local", "--parallel", "1"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cont = _study("submit", str(path), "--executor", "local", "--parallel", "1")
     assert cont.returncode == 0, cont.stdout + cont.stderr
     assert f"rope0_s1: started from step {stopped.checkpoint_step}" in cont.stdout, cont.stdout
     assert (
@@ -361,28 +364,20 @@ def test_local_executor_killed_halfway_and_continued(tmp_path, data):
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         ]
         assert sorted(set(steps)) == list(range(1, 13)), run_dir
-    status = subprocess.run(
-        _cli("status", str(path), "--no-slurm"), env=env, capture_output=True, text=True, timeout=60
-    )
+    status = _study("status", str(path), "--no-slurm")
     assert status.returncode == 0 and "2 runs: 2 completed" in status.stdout, status.stdout
 
     # Nothing left to train; --eval evaluates what completed and has no evaluation yet.
-    last = subprocess.run(
-        _cli(
-            "submit",
-            str(path),
-            "--executor",
-            "local",
-            "--only",
-            "rope=0",
-            "--eval",
-            "--eval-args",
-            "--tasks none --val --val-samples 4",
-        ),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    last = _study(
+        "submit",
+        str(path),
+        "--executor",
+        "local",
+        "--only",
+        "rope=0",
+        "--eval",
+        "--eval-args",
+        "--tasks none --val --val-samples 4",
     )
     assert last.returncode == 0, last.stdout + last.stderr
     assert "rope0_s1: evaluated" in last.stdout and "started" not in last.stdout, last.stdout
