@@ -51,3 +51,21 @@ def test_accumulation_equals_one_big_micro_batch(tmp_path_factory, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "8 x 1 accumulation x 1 ranks" in r.stdout
     _compare(base, run, weight_tol=1e-5, loss_tol=1e-5)
+
+
+def test_position_variants_train_alike_on_two_ranks(tmp_path_factory, tmp_path):
+    """Issue 36's encodings in one model (NoPE on every 2nd layer, a sliding window of 8 on
+    all but every 2nd layer, ALiBi on every layer, positions reset at each document): 2 ranks
+    train as 1 does, and differently from the plain model (so the settings took effect)."""
+    data, base = baseline_run(tmp_path_factory)
+    model = {"nope_every": 2, "sliding_window": 8, "sliding_window_pattern": 2, "alibi": True}
+    runs = {}
+    for nproc in (1, 2):
+        run = tmp_path / f"variant_{nproc}"
+        raw = tiny_config(run, data, model=model, data={"position_reset": True})
+        r = run_main(write_config(tmp_path / f"variant_{nproc}.yaml", raw), nproc=nproc)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        runs[nproc] = run
+    _compare(runs[1], runs[2], weight_tol=1e-5, loss_tol=1e-6)
+    plain, variant = metrics(base), metrics(runs[1])
+    assert plain[STEPS]["train/loss"] != pytest.approx(variant[STEPS]["train/loss"], abs=1e-4)
