@@ -500,3 +500,31 @@ def test_planner_counts_the_pairs_sliding_layers_attend():
     )
     want = 2 * (2 * block + 4 * cfg.n_heads * cfg.head_dim * 64 * share)
     assert recomputed - executed == pytest.approx(want)
+
+
+def test_an_alibi_model_round_trips_through_its_weights_folder(tmp_path):
+    """load_weights builds the model on the meta device (export, evaluation, passkey do too):
+    the slopes are derived, not loaded, and must not land on meta (the worked example's
+    evaluation of its ALiBi runs failed there: "Cannot copy out of meta tensor")."""
+    from pretrain.config import to_dict
+    from pretrain.model.weights import load_weights, save_weights
+
+    cfg = ModelConfig(
+        vocab_size=64,
+        pad_vocab_to_multiple=1,
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        max_seq_len=32,
+        rope_fraction=0.0,
+        alibi=True,
+        nope_every=None,
+    )
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    save_weights(model, tmp_path / "w", config={"model": to_dict(cfg)})
+    loaded, _ = load_weights(tmp_path / "w")
+    x = torch.randint(0, 64, (2, 32))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))

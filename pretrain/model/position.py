@@ -119,7 +119,9 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     slopes = power_of_2(m)
     if m != n_heads:
         slopes += power_of_2(2 * m)[0::2][: n_heads - m]
-    return torch.tensor(slopes, dtype=torch.float32)
+    # on the CPU whatever device the model is built on: a meta build (load_weights, export)
+    # must still hold the slopes, which are not loaded from any file
+    return torch.tensor(slopes, dtype=torch.float32, device="cpu")
 
 
 def attended_pairs(seq_len: int, window: int | None) -> int:
