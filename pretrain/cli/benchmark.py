@@ -11,7 +11,7 @@ from pretrain.cli.errors import ArgumentParser, user_errors
 
 AREAS = {
     "model": "forward+backward step time across rope_theta and rope fraction; GPU tokens/s, MFU",
-    "peers": "training step vs transformers' Llama and litgpt (same weights): fp32, bf16, MFU",
+    "peers": "training step vs transformers and litgpt (same weights), llama1b and pythia1b: fp32, bf16 weights, autocast, eager and compiled, MFU",
     "data": "tokenization throughput per worker; projected hours for 100B tokens",
     "train": "training tokens/s and MFU through the DeepSpeed engine",
     "optim": "optimizer step time and share of a step per optim.impl (DeepSpeed's, torch foreach, fused)",

@@ -19,7 +19,10 @@ TABLE_TITLES = {
     "memory": "Memory: planned peak vs torch.cuda.max_memory_allocated / max_memory_reserved",
     "speed": "Speed: step time, tokens/s, MFU (model and executed FLOPs)",
     "split": "Step split from torch.profiler (ms; communication is inside the phases)",
-    "peers": "Peers: bf16 autocast step, same weights, paired rounds",
+    "peers": (
+        "Peers: training step at both paper shapes, same weights, eager and compiled, paired "
+        "rounds (ratio to ours: to our step in the same mode)"
+    ),
     "kernels": "Attention kernel per shape: predicted from documented constraints vs measured",
     "numerics": "Numerics: the device against fp32 on CPU",
     "science": "Science: best validation loss, character-level RoPE-theta study",

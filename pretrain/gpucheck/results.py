@@ -63,14 +63,18 @@ TABLES: dict[str, tuple[str, ...]] = {
         "other_ms",
     ),
     "peers": (
+        "shape",
         "model",
+        "compiled",
         "precision",
         "median_ms",
         "ratio_to_ours",
+        "ratio_to_eager",
         "tokens_per_s",
         "mfu_model",
         "mfu_matmul_peak",
         "first_loss",
+        "loss_rel_error",
     ),
     "kernels": (
         "shape",

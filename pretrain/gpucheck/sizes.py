@@ -50,14 +50,14 @@ GPU_SIZES = Sizes(
     timed=3,
     tiny_model=None,
     micro_batch_cap=None,
-    # Llama-1B's width with 8 of its 16 blocks: three models and their AdamW states fit an
-    # H100 beside each other (the paired rounds keep all of them alive).
+    # Each paper shape at its 1B width with 8 of its 16 blocks (llama1b: 32/8 heads of 64,
+    # SwiGLU 8192; pythia1b: 8 heads of 256, GeLU 8192, 25% RoPE; peer_models.SHAPES): ours,
+    # transformers' and litgpt's, eager and compiled (six models with their AdamW states) fit
+    # an H100 beside each other in bf16 weights (the paired rounds keep all of them alive).
+    # precision: "bf16" = bf16 weights as DeepSpeed holds them; "autocast" = the old mode.
     peers=dict(
         d_model=2048,
         layers=8,
-        heads=32,
-        kv_heads=8,
-        d_ff=8192,
         vocab=50304,
         batch=4,
         seq_len=2048,
@@ -66,6 +66,7 @@ GPU_SIZES = Sizes(
         bf16_rounds=10,
         warmup=2,
         compile=True,
+        precision="bf16",
     ),
     kernel_seq_cap=None,
     numerics_model=dict(
@@ -109,11 +110,9 @@ SMOKE_SIZES = Sizes(
     tiny_model=dict(n_layers=1, d_model=64, n_heads=4, d_ff=128, vocab_size=256),
     micro_batch_cap=2,
     peers=dict(
-        d_model=32,
+        d_model=64,
         layers=1,
-        heads=2,
-        kv_heads=1,
-        d_ff=64,
+        heads=4,  # llama1b: GQA 4/1; pythia1b: MHA, head_dim 16, 4 rotary dims
         vocab=128,
         batch=1,
         seq_len=16,
@@ -121,9 +120,10 @@ SMOKE_SIZES = Sizes(
         rounds=1,
         bf16_rounds=1,
         warmup=1,
-        # dynamo's tracing of the peers' model alone takes ~15 s on 2 cores; the compile
-        # stage runs train.compile (through the trainer) in the smoke instead
+        # dynamo's tracing of three models takes ~15 s a shape on 2 cores: the compiled path
+        # is tested in tests/test_benchmark_peers.py (both shapes, dynamo's "eager" backend)
         compile=False,
+        precision="bf16",
     ),
     kernel_seq_cap=32,
     numerics_model=dict(vocab_size=128, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64),
