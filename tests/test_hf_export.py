@@ -7,7 +7,8 @@ an architecture) is also exported once with the config's own vocabulary and toke
 child process that cannot import `pretrain` (python -S, only the site-packages of torch and
 transformers on its path) loads every folder with AutoModelForCausalLM
 (trust_remote_code=True) and AutoTokenizer, and returns logits, 32 greedy tokens and token
-ids; those are compared here with the toolkit's model. The folders are then imported back
+ids; those are compared here with the toolkit's model, and the class it instantiated with
+the one config.json names in `architectures`. The folders are then imported back
 (bit-exact), and lm-eval's `hf` model scores requests as the toolkit's own harness does.
 
 `PRETRAIN_HF_PYTHONS` (colon-separated interpreters of small environments that hold only
@@ -34,7 +35,8 @@ from pretrain.config import ModelConfig, load_model_config
 from pretrain.data.tokenizer import ByteTokenizer, CharTokenizer, load_tokenizer
 from pretrain.hf import HFConversionError, choose_target, export_hf, hf_config, read_hf_folder
 from pretrain.hf.convert import CLASS_NAMES, REMOTE
-from pretrain.hf.folder import REMOTE_CODE_DIR, REMOTE_FILES, shard_plan
+from pretrain.hf.folder import shard_plan
+from pretrain.hf.targets.remote import REMOTE_CODE_DIR, REMOTE_FILES
 from pretrain.model import Transformer
 from pretrain.model.weights import load_weights, save_weights
 
@@ -161,7 +163,9 @@ def test_every_config_in_configs_exports():
     for path in CONFIG_FILES:
         cfg = load_model_config(path)
         target = choose_target(cfg)
-        assert hf_config(cfg).model_type == target
+        config = hf_config(cfg)
+        assert config.model_type == target
+        assert config.architectures == [CLASS_NAMES[target]], path
         counts[target] = counts.get(target, 0) + 1
         native = target != REMOTE
         # the native class exactly when it holds the model: full RoPE Llama, LayerNorm/GeLU NeoX
@@ -200,6 +204,21 @@ def test_every_config_shrunk_round_trips_exactly(path):
     }
     assert back.keys() == ours.keys()
     assert all(torch.equal(back[k], ours[k]) for k in ours)
+
+
+def test_each_target_is_a_module_of_its_own():
+    """Every target is one module of pretrain/hf/targets/ (a new class lands as one new module),
+    and no module of pretrain/hf/ outgrows a reader (600 lines)."""
+    from pretrain.hf.targets import BY_NAME
+
+    modules = {name: type(t).__module__ for name, t in BY_NAME.items()}
+    assert len(set(modules.values())) == len(modules), modules
+    assert all(m.startswith("pretrain.hf.targets.") for m in modules.values()), modules
+    sizes = {
+        str(p.relative_to(REPO)): len(p.read_text().splitlines())
+        for p in (REPO / "pretrain" / "hf").rglob("*.py")
+    }
+    assert max(sizes.values()) <= 600, sizes
 
 
 def test_llama8b_is_written_in_shards():
@@ -295,6 +314,7 @@ SCALED = {
     "llama-dynamic_ntk": ("llama", {"type": "dynamic_ntk", "factor": 2.0}, "llama"),
     "neox25-yarn": ("neox", {"type": "yarn", "factor": 2.0, "beta_fast": 16.0}, "gpt_neox"),
     "neox25-dynamic_ntk": ("neox", {"type": "dynamic_ntk", "factor": 4.0}, "gpt_neox"),
+    "nope_every_2-yarn": ("smollm3", {"type": "yarn", "factor": 4.0}, "smollm3"),
     "llama10-qknorm-yarn": ("remote", {"type": "yarn", "factor": 4.0}, REMOTE),
     "llama10-qknorm-dynamic_ntk": ("remote", {"type": "dynamic_ntk", "factor": 2.0}, REMOTE),
 }
@@ -320,6 +340,8 @@ def scaled_config(arch: str, scaling: dict) -> ModelConfig:
     heads = dict(n_heads=4, n_kv_heads=2, mlp_bias=False)
     if arch == "remote":
         return ModelConfig(**shape, **heads, rotary_dims=2 * 2, rope_fraction=None, qk_norm=True)
+    if arch == "smollm3":  # NoPE layers: SmolLM3's RoPE layers scale as Llama's
+        return ModelConfig(**shape, **heads, nope_every=2)
     return ModelConfig(**shape, **heads)
 
 
@@ -331,6 +353,122 @@ def scaled_exports(tmp_path_factory):
     for i, (name, (arch, scaling, _)) in enumerate(SCALED.items()):
         model = random_model(scaled_config(arch, scaling), 300 + i)
         out[name] = (model, export_hf(model, root / name, card=False))
+    return out
+
+
+# ----------------------------------------------------------------------------- positions by layer
+
+POSITION_SHAPES = {
+    "llama": dict(n_kv_heads=2, mlp_bias=False),
+    "neox": dict(block="parallel", norm="layernorm", norm_bias=True, mlp="gelu", attn_bias=True),
+}
+
+
+def position_config(arch: str, keys: dict) -> ModelConfig:
+    """4 layers (so every 2nd and a pattern of 2 bite), head_dim 16, a 300-token vocabulary."""
+    shape = dict(vocab_size=300, pad_vocab_to_multiple=64, n_layers=4, d_model=64, n_heads=4)
+    return ModelConfig(**shape, d_ff=96, max_seq_len=64, **POSITION_SHAPES[arch], **keys)
+
+
+# Exported and run through transformers' child: (architecture, position keys, target). A
+# window of 8 is shorter than the 40 scored tokens and the 16 + 32 generated ones.
+POSITION_VARIANTS = {
+    "nope_every_2": ("llama", dict(nope_every=2), "smollm3"),
+    "sliding_pattern_2": ("llama", dict(sliding_window=8, sliding_window_pattern=2), "smollm3"),
+    "sliding_every_layer": ("llama", dict(sliding_window=8), "smollm3"),
+    "sliding_global_nope": (
+        "llama",
+        dict(sliding_window=8, sliding_window_pattern=2, nope_every=2),
+        "smollm3",
+    ),
+    "sliding_global_theta_qknorm": (
+        "llama",
+        dict(sliding_window=8, sliding_window_pattern=2, global_rope_theta=1e6, qk_norm=True),
+        REMOTE,
+    ),
+    "p_rope_25": ("llama", dict(rope_fraction=0.25, rope_spectrum="p_rope"), REMOTE),
+    "p_rope_25_neox": ("neox", dict(rope_fraction=0.25, rope_spectrum="p_rope"), "gpt_neox"),
+    "alibi": ("llama", dict(rope_fraction=0.0, alibi=True), REMOTE),
+    "alibi_nope_every_2": ("llama", dict(alibi=True, nope_every=2), REMOTE),
+    "alibi_partial_sliding": (
+        "llama",
+        dict(
+            alibi=True,
+            rope_fraction=0.5,
+            sliding_window=8,
+            layer_types=["sliding", "full", "sliding", "sliding"],
+        ),
+        REMOTE,
+    ),
+}
+
+# (architecture, position keys, the target --target auto picks, {forced target: what its
+# one-line refusal names}).
+POSITION_CASES = [
+    ("llama", dict(nope_every=2), "smollm3", {"llama": "model.nope_every: 2"}),
+    ("llama", dict(nope_layers=[1]), "smollm3", {"llama": "model.nope_layers: [1]"}),
+    (
+        "llama",
+        dict(sliding_window=8, sliding_window_pattern=2),
+        "smollm3",
+        {"llama": "model.sliding_window: 8"},
+    ),
+    ("llama", dict(sliding_window=8), "smollm3", {"llama": "model.sliding_window: 8"}),
+    (
+        "llama",
+        dict(sliding_window=8, sliding_window_pattern=2, global_rope_theta=1e6),
+        REMOTE,
+        {"llama": "model.global_rope_theta", "smollm3": "model.global_rope_theta: 1e+06"},
+    ),
+    (
+        "llama",
+        dict(rope_fraction=0.25, rope_spectrum="p_rope"),
+        REMOTE,
+        {"llama": "partial RoPE", "smollm3": "partial RoPE"},
+    ),
+    ("llama", dict(rope_spectrum="p_rope"), "llama", {}),  # full p-RoPE is full RoPE
+    ("llama", dict(alibi=True), REMOTE, {"llama": "model.alibi", "smollm3": "model.alibi"}),
+    ("llama", dict(alibi=True, rope_fraction=0.0), REMOTE, {"smollm3": "model.alibi"}),
+    ("neox", dict(rope_fraction=0.25, rope_spectrum="p_rope"), "gpt_neox", {}),
+    ("neox", dict(nope_every=2), REMOTE, {"gpt_neox": "model.nope_every: 2"}),
+    ("neox", dict(sliding_window=8), REMOTE, {"gpt_neox": "model.sliding_window: 8"}),
+    ("neox", dict(alibi=True), REMOTE, {"gpt_neox": "model.alibi"}),
+]
+
+
+@pytest.mark.parametrize(
+    "arch, keys, auto, refused", POSITION_CASES, ids=lambda v: str(v) if isinstance(v, dict) else v
+)
+def test_position_variants_choose_a_target_that_holds_them(arch, keys, auto, refused):
+    """NoPE layers, sliding windows, a global theta, p-RoPE and ALiBi: --target auto lands
+    on a class that computes them (Llama or GPT-NeoX only when every layer is what those
+    compute: RoPE at one theta, full attention, no ALiBi); a forced class that cannot is
+    refused in one line naming the field."""
+    from pretrain.model.position import layer_positions
+
+    cfg = position_config(arch, keys)
+    assert choose_target(cfg) == auto
+    assert hf_config(cfg).architectures == [CLASS_NAMES[auto]]
+    positions = layer_positions(cfg)
+    if auto in ("llama", "gpt_neox"):
+        assert all(p.rope and p.window is None and not p.alibi for p in positions)
+        assert len({p.theta for p in positions}) == 1
+    for target, words in refused.items():
+        with pytest.raises(HFConversionError) as e:
+            choose_target(cfg, target)
+        message = str(e.value)
+        assert "\n" not in message and f"cannot export to {CLASS_NAMES[target]}" in message
+        assert words in message, message
+
+
+@pytest.fixture(scope="module")
+def variant_exports(tmp_path_factory):
+    """name -> (model, export) for each model of POSITION_VARIANTS."""
+    root = tmp_path_factory.mktemp("hf_positions")
+    out = {}
+    for i, (name, (arch, keys, _)) in enumerate(POSITION_VARIANTS.items()):
+        model = random_model(position_config(arch, keys), 700 + i)
+        out[name] = (model, export_hf(model, root / name, card=i == 0))
     return out
 
 
@@ -350,7 +488,7 @@ def _job(model, export, tok, seed: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def loaded(exports, config_exports, scaled_exports, tmp_path_factory):
+def loaded(exports, config_exports, scaled_exports, variant_exports, tmp_path_factory):
     """What transformers computes in a process that cannot import the toolkit, for each
     interpreter of PYTHONS: {python: {export name: results}}, and the job."""
     tmp = tmp_path_factory.mktemp("hf_child")
@@ -361,6 +499,9 @@ def loaded(exports, config_exports, scaled_exports, tmp_path_factory):
         g = torch.Generator().manual_seed(i)
         # scored at twice the training length, where the scaling acts
         job[name]["ids"] = torch.randint(0, 300, (2, 2 * SCALED_TRAIN_LEN), generator=g).tolist()
+    job |= {
+        name: _job(m, e, None, 700 + i) for i, (name, (m, e)) in enumerate(variant_exports.items())
+    }
     (tmp / "job.json").write_text(json.dumps(job))
     (tmp / "child.py").write_text(CHILD)
     # One child per interpreter, all at once: each is one thread, mostly imports and loads.
@@ -398,8 +539,12 @@ def loaded(exports, config_exports, scaled_exports, tmp_path_factory):
 
 
 def check_loaded(got: dict, versions: str, model: Transformer, export, job: dict) -> None:
-    """transformers' logits and greedy tokens for one export equal the toolkit's."""
+    """transformers' logits and greedy tokens for one export equal the toolkit's, and
+    config.json's `architectures` names the class transformers instantiated (tools such as
+    vLLM and llama.cpp's converter pick the class by that list alone)."""
     assert got["class"] == CLASS_NAMES[export.target], versions
+    written = json.loads((export.path / "config.json").read_text())
+    assert written.get("architectures") == [got["class"]], versions
     # remote code came from the folder, native classes from transformers itself
     assert got["module"].startswith(
         "transformers_modules." if export.remote_code else "transformers.models."
@@ -445,8 +590,8 @@ def test_every_config_loads_in_plain_transformers_with_the_same_logits(
 def test_rope_scaling_exports_compute_our_logits_at_twice_the_training_length(
     name, python, scaled_exports, loaded
 ):
-    """linear, ntk, yarn and dynamic NTK, on full RoPE (Llama), 25% (GPT-NeoX) and a
-    remote-code model: transformers' logits over 2x max_seq_len within 1e-4, and greedy
+    """linear, ntk, yarn and dynamic NTK, on full RoPE (Llama), 25% (GPT-NeoX), NoPE layers
+    (SmolLM3, yarn) and a remote-code model: transformers' logits over 2x max_seq_len within 1e-4, and greedy
     tokens through the KV cache past the training length, equal ours."""
     results, job = loaded
     model, export = scaled_exports[name]
@@ -458,6 +603,48 @@ def test_rope_scaling_exports_compute_our_logits_at_twice_the_training_length(
     ids = torch.tensor(job[name]["ids"])
     with torch.no_grad():
         assert torch.equal(back(ids), model(ids))  # imported back: the same model
+
+
+@pytest.mark.parametrize("python", sorted(PYTHONS))
+@pytest.mark.parametrize("name", sorted(POSITION_VARIANTS))
+def test_position_variant_loads_in_plain_transformers_with_the_same_logits(
+    name, python, variant_exports, loaded
+):
+    """NoPE layers, sliding windows (with NoPE or another theta on the global layers),
+    p-RoPE and ALiBi, each exported as the class that holds it (SmolLM3 and GPT-NeoX native,
+    RopeLM remote code): transformers' logits within 1e-4 and 32 greedy tokens through
+    generate() and its cache (which keeps a sliding layer's last W - 1 keys) equal ours."""
+    results, job = loaded
+    model, export = variant_exports[name]
+    assert export.target == POSITION_VARIANTS[name][2]
+    r = results[python]
+    versions = f"transformers {r['transformers']}, torch {r['torch']}"
+    check_loaded(r[name], versions, model, export, job[name])
+
+
+@pytest.mark.parametrize("name", sorted(POSITION_VARIANTS))
+def test_position_variants_import_back_exactly(name, variant_exports):
+    """Imported back: the same config (its spelling too: nope_every, sliding_window_pattern),
+    the same positions by layer and logits; and config.json's own fields, without the
+    toolkit's record, describe the same network (p-RoPE read back as GPT-NeoX's partial RoPE
+    at theta^(r/head_dim), NoPE and window lists instead of their patterns)."""
+    from pretrain.hf.convert import RECORD_KEY
+    from pretrain.hf.targets import get_target
+
+    model, export = variant_exports[name]
+    back, _, _ = read_hf_folder(export.path)
+    assert back.cfg == model.cfg and back.layer_positions() == model.layer_positions()
+    ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids)
+        assert torch.equal(back(ids), want)
+    target = get_target(export.target)
+    hf_cfg = target.config_class().from_pretrained(export.path)
+    delattr(hf_cfg, RECORD_KEY)
+    derived = Transformer(target.model_config(hf_cfg)).eval()
+    derived.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (derived(ids) - want).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

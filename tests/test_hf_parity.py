@@ -304,3 +304,45 @@ def test_remote_code_generates_left_padded_batches_like_ours(cache):
     )
     assert torch.equal(out[0], ours.generate(a, 16, temperature=0)[0])
     assert torch.equal(out[1, 5:], ours.generate(b, 16, temperature=0)[0])
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_remote_code_windows_and_alibi_generate_left_padded_batches_like_ours(cache):
+    """Sliding windows (W = 6, shorter than prompt + generation) with ALiBi and 50% RoPE in
+    RopeLM: a left-padded batch through generate() with transformers' dynamic cache (which
+    keeps a sliding layer's last W - 1 keys) or static cache (a rolling buffer per sliding
+    layer, masks built by generate) gives each prompt our tokens."""
+    ours = random_model(
+        6,
+        n_layers=3,
+        n_kv_heads=2,
+        mlp_bias=False,
+        rope_fraction=0.5,
+        alibi=True,
+        sliding_window=6,
+        layer_types=["sliding", "full", "sliding"],
+    )
+    hf = to_hf(ours, "rope_lm")
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randint(0, 300, (1, 12), generator=g), torch.randint(0, 300, (1, 7), generator=g)
+    ids = torch.zeros(2, 12, dtype=torch.long)
+    ids[0], ids[1, 5:] = a, b
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    out = hf.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=16,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        suppress_tokens=list(range(300, 320)),
+        cache_implementation=cache,
+    )
+    assert torch.equal(out[0], ours.generate(a, 16, temperature=0)[0])
+    assert torch.equal(out[1, 5:], ours.generate(b, 16, temperature=0)[0])
+    if cache == "dynamic":
+        with torch.no_grad():
+            step = hf(a, use_cache=True)
+        kept = getattr(step, "cache", None) or step.past_key_values
+        assert [layer.keys.shape[2] for layer in kept.layers] == [5, 12, 5]

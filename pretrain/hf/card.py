@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from pretrain.data.tokenizer import Tokenizer
+from pretrain.model.position import LayerPosition
 from pretrain.model.transformer import Transformer
 from pretrain.model.weights import CHECKPOINTS_DIR
 from pretrain.run_layout import CONFIG_FILE, STATE_FILE
@@ -98,6 +99,44 @@ def _eval_rows(results: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _layer_runs(layers: list[LayerPosition], text) -> str:
+    """'text' of every layer when they agree, else runs: 'layers 0-2: x; layer 3: y'."""
+    texts = [text(p) for p in layers]
+    if len(set(texts)) == 1:
+        return texts[0]
+    runs, start = [], 0
+    for i in range(1, len(texts) + 1):
+        if i == len(texts) or texts[i] != texts[start]:
+            span = f"layer {start}" if i - 1 == start else f"layers {start}-{i - 1}"
+            runs.append(f"{span}: {texts[start]}")
+            start = i
+    return "; ".join(runs)
+
+
+def positions_text(layers: list[LayerPosition]) -> tuple[str, str]:
+    """The card's RoPE and attention rows from each layer's positions
+    (`Transformer.layer_positions()`): one phrase when every layer agrees, else per run of
+    layers (NoPE layers, another theta on the global layers, sliding windows, ALiBi)."""
+
+    def rope(p: LayerPosition) -> str:
+        if not p.rope:
+            return "none (NoPE)"
+        pct = 100 * p.rotary_dims / p.head_dim
+        spectrum = ""
+        if p.spectrum == "p_rope" and p.rotary_dims < p.head_dim:
+            spectrum = ", p-RoPE: the highest frequencies of full RoPE"
+        return (
+            f"{p.rotary_dims} of {p.head_dim} dims per head ({pct:.3g}%), theta {p.theta:g}"
+            + spectrum
+        )
+
+    def attention(p: LayerPosition) -> str:
+        span = "causal" if p.window is None else f"sliding window of {p.window} tokens"
+        return span + (", ALiBi" if p.alibi else "")
+
+    return _layer_runs(layers, rope), _layer_runs(layers, attention)
+
+
 def card_text(export, model: Transformer, tokenizer: Tokenizer | None, run: RunInfo | None) -> str:
     """README.md of an export (`export` is a folder.Export)."""
     import transformers
@@ -105,12 +144,7 @@ def card_text(export, model: Transformer, tokenizer: Tokenizer | None, run: RunI
     cfg = model.cfg
     run = run or RunInfo()
     remote = export.remote_code
-    pct = 100 * cfg.rope_dims / cfg.head_dim
-    rope = (
-        "none (NoPE)"
-        if cfg.rope_dims == 0
-        else f"{cfg.rope_dims} of {cfg.head_dim} dims per head ({pct:.3g}%), theta {cfg.rope_theta:g}"
-    )
+    rope, attention = positions_text(model.layer_positions())
     heads = f"{cfg.n_heads} query / {cfg.kv_heads} key-value" + (
         " (grouped-query)" if cfg.kv_heads < cfg.n_heads else ""
     )
@@ -154,6 +188,7 @@ def card_text(export, model: Transformer, tokenizer: Tokenizer | None, run: RunI
         f"| MLP | {'SwiGLU' if cfg.mlp == 'swiglu' else 'GeLU'} |",
         f"| biases | {biases} |",
         f"| RoPE | {rope} |",
+        f"| attention | {attention} |",
         f"| QK-Norm | {'yes, per head over head_dim, before RoPE' if cfg.qk_norm else 'no'} |",
         f"| learned positions | {'yes, ' + str(cfg.max_seq_len) if cfg.learned_pos_emb else 'no'} |",
         f"| context | {cfg.max_seq_len} tokens |",

@@ -34,7 +34,6 @@ from pretrain.hf.card import RunInfo, write_card
 from pretrain.hf.convert import (
     CLASS_NAMES,
     RECORD_KEY,
-    REMOTE,
     TARGETS,
     HFConversionError,
     choose_target,
@@ -43,6 +42,8 @@ from pretrain.hf.convert import (
     hf_config,
     to_hf_state_dict,
 )
+from pretrain.hf.targets import get_target
+from pretrain.hf.targets.remote import REMOTE_CODE_DIR
 from pretrain.hf.tokenizer import TokenizerExportError, read_hf_tokenizer, write_hf_tokenizer
 from pretrain.model.transformer import Transformer
 
@@ -52,13 +53,6 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 README = "README.md"
-REMOTE_CODE_DIR = Path(__file__).with_name("remote_code")
-REMOTE_FILES = ("configuration_rope_lm.py", "modeling_rope_lm.py")
-AUTO_MAP = {
-    "AutoConfig": "configuration_rope_lm.RopeLMConfig",
-    "AutoModel": "modeling_rope_lm.RopeLMModel",
-    "AutoModelForCausalLM": "modeling_rope_lm.RopeLMForCausalLM",
-}
 DEFAULT_MAX_SHARD = 5 * 10**9  # bytes, as transformers' save_pretrained used to default to
 
 
@@ -77,7 +71,7 @@ class Export:
 
     @property
     def remote_code(self) -> bool:
-        return self.target == REMOTE
+        return not get_target(self.target).native
 
 
 def parse_size(text: str | int) -> int:
@@ -217,11 +211,12 @@ def export_hf(
     eod = tokenizer.eod_id if tokenizer is not None else None
     config = hf_config(cfg, target, eos_token_id=eod, record=record)
     config.dtype = dtype
-    if target == REMOTE:
-        config.auto_map = dict(AUTO_MAP)
-        for name in REMOTE_FILES:
+    t = get_target(target)
+    if t.remote_files:  # the code transformers runs for this class, named in auto_map
+        config.auto_map = dict(t.auto_map)
+        for name in t.remote_files:
             shutil.copyfile(REMOTE_CODE_DIR / name, out / name)
-        result.files += REMOTE_FILES
+        result.files += t.remote_files
 
     state = to_hf_state_dict(model.state_dict(), cfg, target)
     result.files += _write_weights(state, out, dtype, max_shard)
@@ -269,13 +264,7 @@ def read_hf_config(path: str | Path):
         raise HFConversionError(
             f"{path}: model_type {kind!r} is not supported; use one of {', '.join(TARGETS)}"
         )
-    if kind == REMOTE:
-        from pretrain.hf.remote_code.configuration_rope_lm import RopeLMConfig
-
-        return RopeLMConfig.from_pretrained(path)
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path)
+    return get_target(kind).config_class().from_pretrained(path)
 
 
 class SafetensorsWeights(Mapping):
@@ -331,6 +320,9 @@ def model_from_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> T
     if cfg.tie_embeddings:
         model.lm_head.weight = model.wte.weight
     model.rope = type(model.rope).from_config(cfg)  # built on meta above
+    for block in model.blocks:  # ALiBi's slopes too (a plain tensor, made on meta above)
+        if block.attn.alibi is not None:
+            block.attn.alibi = type(block.attn.alibi)(cfg.n_heads)
     return model.eval()
 
 
@@ -350,27 +342,25 @@ def read_hf_folder(path: str | Path) -> tuple[Transformer, Tokenizer | None, dic
 # ----------------------------------------------------------------------------- in memory
 
 
-def _module_names(hf_model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Checkpoint names -> the module tree's (GPT-NeoX's embed_out is lm_head in transformers 5)."""
+def _module_names(hf_model, state: dict[str, torch.Tensor], target: str) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> the module tree's, where they differ (GPT-NeoX's embed_out is
+    lm_head in transformers 5): a name the model lacks is given the alias it has."""
     names = hf_model.state_dict().keys()
-    if "embed_out.weight" in state and "embed_out.weight" not in names:
-        state = dict(state)
-        state["lm_head.weight"] = state.pop("embed_out.weight")
+    state = dict(state)
+    for name, aliases in get_target(target).aliases.items():
+        there = [a for a in aliases if a in names]
+        if name in state and name not in names and there:
+            state[there[0]] = state.pop(name)
     return state
 
 
 def to_hf(model: Transformer, target: str | None = None):
     """A transformers model (CPU, fp32, eval mode) holding our weights."""
-    from transformers import AutoModelForCausalLM
-
     config = hf_config(model.cfg, target)
-    if config.model_type == REMOTE:
-        from pretrain.hf.remote_code.modeling_rope_lm import RopeLMForCausalLM
-
-        hf = RopeLMForCausalLM(config).float()
-    else:
-        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    state = _module_names(hf, to_hf_state_dict(model.state_dict(), model.cfg, config.model_type))
+    hf = get_target(config.model_type).empty_model(config)
+    state = _module_names(
+        hf, to_hf_state_dict(model.state_dict(), model.cfg, config.model_type), config.model_type
+    )
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:

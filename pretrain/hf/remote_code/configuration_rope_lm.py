@@ -11,6 +11,14 @@ One config describes Llama-style and Pythia-style models and everything between:
     mlp          "swiglu" (down(silu(gate(x)) * up(x))) or "gelu" (down(gelu(up(x))))
     rotary_dims  RoPE on the first `rotary_dims` dims of each head (0 = NoPE), base rope_theta
     rotary_scaling  RoPE scaling of those dims (linear, ntk, yarn, dynamic_ntk) or None
+    rope_spectrum  "neox": inverse frequencies theta^(-2j/rotary_dims) (GPT-NeoX's rotary_pct);
+                 "p_rope": theta^(-2j/head_dim), full RoPE's highest rotary_dims/2 (p-RoPE)
+    nope_layers  0-based layers without RoPE (NoPE layers among RoPE ones), or None
+    sliding_window, layer_types  a "sliding_attention" layer's query sees itself and the
+                 sliding_window - 1 tokens before it; "full_attention" every earlier token
+                 (transformers' names: its DynamicCache keeps W - 1 keys of a sliding layer)
+    global_rope_theta  RoPE theta of the full-attention layers when some slide (else rope_theta)
+    alibi        ALiBi: -slope_h x (i - j) on the attention logits (Press et al. slopes)
     qk_norm      normalize each head's query and key over head_dim, before RoPE
     attn_logit_softcap  attention logits -> cap * tanh(logits / cap); 0 = off
     learned_pos_emb  learned absolute positions added to the token embeddings
@@ -43,6 +51,12 @@ class RopeLMConfig(PretrainedConfig):
         rotary_dims: int | None = None,
         rope_theta: float = 10000.0,
         rotary_scaling: dict | None = None,
+        rope_spectrum: str = "neox",
+        nope_layers: list | None = None,
+        sliding_window: int | None = None,
+        layer_types: list | None = None,
+        global_rope_theta: float | None = None,
+        alibi: bool = False,
         learned_pos_emb: bool = False,
         qk_norm: bool = False,
         attn_logit_softcap: float = 0.0,
@@ -73,9 +87,26 @@ class RopeLMConfig(PretrainedConfig):
             ("block", block, ("sequential", "parallel")),
             ("norm", norm, ("rmsnorm", "layernorm")),
             ("mlp", mlp, ("swiglu", "gelu")),
+            ("rope_spectrum", rope_spectrum, ("neox", "p_rope")),
         ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r}; use one of {allowed}")
+        nope_layers = sorted(int(i) for i in nope_layers or ())
+        if any(not 0 <= i < num_hidden_layers for i in nope_layers):
+            raise ValueError(f"nope_layers {nope_layers} must be in [0, {num_hidden_layers})")
+        # Always a list: transformers' masks for generate() and its caches read it when the
+        # attribute exists. No sliding_window: every layer full; no list: every layer slides.
+        if layer_types is None:
+            kind = "full_attention" if sliding_window is None else "sliding_attention"
+            layer_types = [kind] * num_hidden_layers
+        layer_types = list(layer_types)
+        kinds = ("full_attention", "sliding_attention")
+        if len(layer_types) != num_hidden_layers or set(layer_types) - set(kinds):
+            raise ValueError(
+                f"layer_types {layer_types}: one of {kinds} per layer ({num_hidden_layers})"
+            )
+        if "sliding_attention" in layer_types and not sliding_window:
+            raise ValueError("layer_types has sliding_attention layers; set sliding_window")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -97,6 +128,14 @@ class RopeLMConfig(PretrainedConfig):
         # original_max_seq_len, beta_fast, beta_slow, attention_factor, truncate} or None.
         # Not transformers' `rope_scaling`, which its configs rewrite into rope_parameters.
         self.rotary_scaling = dict(rotary_scaling) if rotary_scaling else None
+        if self.rotary_scaling and rope_spectrum == "p_rope":
+            raise ValueError("rotary_scaling of a p_rope spectrum is not supported")
+        self.rope_spectrum = rope_spectrum
+        self.nope_layers = nope_layers or None
+        self.sliding_window = sliding_window
+        self.layer_types = layer_types
+        self.global_rope_theta = None if global_rope_theta is None else float(global_rope_theta)
+        self.alibi = bool(alibi)
         self.learned_pos_emb = learned_pos_emb
         self.qk_norm = qk_norm
         self.attn_logit_softcap = float(attn_logit_softcap)

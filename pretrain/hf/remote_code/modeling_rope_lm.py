@@ -13,8 +13,15 @@ attn: q, k, v projections; grouped-query when num_key_value_heads < num_attentio
 (query head h reads key/value head h // (heads / kv_heads)); optional QK-Norm of each head
 over head_dim (one weight for q and one for k, shared by heads); then RoPE on the first
 `rotary_dims` dims of each head, GPT-NeoX "rotate_half" convention, inverse frequencies
-theta^(-2i/rotary_dims), cos/sin and the rotation in fp32; causal softmax attention (SDPA).
-RMSNorm normalizes in fp32 and casts back before the weight, as Llama does.
+theta^(-2i/rotary_dims) ("neox") or theta^(-2i/head_dim) ("p_rope"), cos/sin and the
+rotation in fp32; causal softmax attention (SDPA). RMSNorm normalizes in fp32 and casts back
+before the weight, as Llama does.
+
+Per layer (`layer_settings`, the toolkit's pretrain/model/position.py): NoPE layers
+(`nope_layers`) rotate nothing; a "sliding_attention" layer (`layer_types`) lets a query see
+itself and the `sliding_window` - 1 tokens before it; the full-attention layers of a model
+with sliding ones use `global_rope_theta` when set; `alibi` adds -slope_h x (i - j) to the
+scaled logits (Press et al.'s slopes), i - j the distance between cache slots.
 
 The vocabulary is padded (vocab_size is the embedding's row count); generation_config.json
 suppresses the padded ids. Keys and values are cached after RoPE through transformers'
@@ -71,20 +78,62 @@ def make_norm(config: RopeLMConfig, dim: int) -> nn.Module:
 # ----------------------------------------------------------------------------- RoPE
 
 
-def _frequencies(rotary_dims: int, theta: float) -> torch.Tensor:
+def _frequencies(rotary_dims: int, theta: float, spectrum_dims: int | None = None) -> torch.Tensor:
     i = torch.arange(0, rotary_dims, 2, dtype=torch.float64)  # inverse frequencies in fp64
-    return 1.0 / theta ** (i / rotary_dims)
+    return 1.0 / theta ** (i / (spectrum_dims or rotary_dims))
+
+
+def layer_settings(config: RopeLMConfig) -> list[tuple[int, float, int | None, int | None]]:
+    """Per layer (rotary_dims, theta, spectrum_dims, window): rotary_dims 0 = NoPE;
+    spectrum_dims = head_dim for p_rope (None: the rotary dims); window None = full."""
+    n = config.num_hidden_layers
+    types = getattr(config, "layer_types", None) or ["full_attention"] * n
+    sliding_anywhere = "sliding_attention" in types
+    nope = set(getattr(config, "nope_layers", None) or ())
+    global_theta = getattr(config, "global_rope_theta", None)
+    p_rope = getattr(config, "rope_spectrum", "neox") == "p_rope"
+    out = []
+    for i in range(n):
+        sliding = types[i] == "sliding_attention"
+        theta = config.rope_theta
+        if sliding_anywhere and not sliding and global_theta is not None:
+            theta = global_theta
+        r = 0 if i in nope else config.rotary_dims
+        window = config.sliding_window if sliding else None
+        out.append((r, theta, config.head_dim if p_rope else None, window))
+    return out
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Press et al. (2022): 2^(-8h/n), h = 1..n, for n a power of 2; otherwise those of the
+    nearest smaller power of 2, m, then every other one of the 2m-head sequence. fp32 (H,)."""
+
+    def power_of_2(n: int) -> list[float]:
+        return [2 ** (-8 * h / n) for h in range(1, n + 1)]
+
+    m = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_2(m)
+    if m != n_heads:
+        slopes += power_of_2(2 * m)[0::2][: n_heads - m]
+    return torch.tensor(slopes, dtype=torch.float32)
 
 
 def scaled_frequencies(
-    rotary_dims: int, theta: float, scaling: dict | None, original: int, seq_len: int
+    rotary_dims: int,
+    theta: float,
+    scaling: dict | None,
+    original: int,
+    seq_len: int,
+    spectrum_dims: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """(fp64 inverse frequencies, cos/sin factor) under `rotary_scaling` (linear, ntk, yarn,
     dynamic_ntk; transformers' formulas with dim = rotary_dims). The exporter's
     pretrain/model/rope.py computes the same in the training code."""
     r = rotary_dims
     if not scaling or float(scaling.get("factor", 1.0)) == 1.0 or r == 0:
-        return _frequencies(r, theta), 1.0
+        return _frequencies(r, theta, spectrum_dims), 1.0
+    if spectrum_dims not in (None, r):
+        raise ValueError("rotary_scaling of a p_rope spectrum is not supported")
     f, kind = float(scaling["factor"]), scaling["type"]
     original = int(scaling.get("original_max_seq_len") or original)
     if kind == "linear":
@@ -122,10 +171,11 @@ def rotary_cos_sin(
     theta: float,
     scaling: dict | None = None,
     original: int = 0,
+    spectrum_dims: int | None = None,
 ):
     """cos, sin of shape (B, 1, T, rotary_dims), fp32, for positions (B, T)."""
     seq_len = int(position_ids.max()) + 1 if position_ids.numel() else 0
-    inv, factor = scaled_frequencies(rotary_dims, theta, scaling, original, seq_len)
+    inv, factor = scaled_frequencies(rotary_dims, theta, scaling, original, seq_len, spectrum_dims)
     inv_freq = inv.to(position_ids.device, torch.float32)
     freqs = position_ids[..., None].float() * inv_freq  # (B, T, rotary_dims / 2)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -167,6 +217,8 @@ class RopeLMAttention(nn.Module):
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.dropout = config.dropout
         self.softcap = getattr(config, "attn_logit_softcap", 0.0)
+        self.window = layer_settings(config)[layer_idx][3]
+        self.alibi = bool(getattr(config, "alibi", False))
 
     def forward(self, x, cos, sin, padding_mask, past_key_values: Cache | None = None):
         B, T, _ = x.shape
@@ -183,14 +235,19 @@ class RopeLMAttention(nn.Module):
             k, v = past_key_values.update(k, v, self.layer_idx)
         if KV != H:
             k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-        mask, is_causal = causal_mask(padding_mask, past, T, k.shape[2], x.device)
+        slopes = alibi_slopes(H).to(x.device) if self.alibi else None
+        mask, is_causal = causal_mask(
+            padding_mask, past, T, k.shape[2], x.device, self.window, slopes, q.dtype
+        )
         if self.softcap:
             if is_causal:
                 mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril()
             scores = (q @ k.transpose(-2, -1)).float() * D**-0.5
             scores = torch.tanh(scores / self.softcap) * self.softcap
-            if mask is not None:
+            if mask is not None and mask.dtype == torch.bool:
                 scores = scores.masked_fill(~mask, float("-inf"))
+            elif mask is not None:  # a float bias (ALiBi), -inf where masked
+                scores = scores + mask.float()
             p = torch.softmax(scores, dim=-1).to(v.dtype)
             if self.training and self.dropout:
                 p = F.dropout(p, self.dropout)
@@ -240,31 +297,58 @@ class RopeLMBlock(GradientCheckpointingLayer):  # model.gradient_checkpointing_e
         return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
-def causal_mask(padding_mask, past: int, T: int, kv_len: int, device):
+def causal_mask(
+    padding_mask,
+    past: int,
+    T: int,
+    kv_len: int,
+    device,
+    window: int | None = None,
+    slopes: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+):
     """(attn_mask, is_causal) for SDPA: its own causal mask when that is right (no cache,
-    no padding), no mask for one new token, else a boolean (B or 1, 1, T, kv_len) mask, True =
-    attend.
+    no padding, no window, no ALiBi), no mask for one new token, else a boolean (B or 1, 1, T,
+    kv_len) mask, True = attend, or with ALiBi `slopes` (H,) a float bias (B or 1, H, T,
+    kv_len) of -slope x (i - j) where attended and -inf elsewhere (the toolkit's
+    dense_position_mask: computed in fp32, cast to the queries' dtype).
 
-    The T queries are cache slots past .. past+T-1 and see the slots up to their own;
-    padding_mask (B, >= past+T), 0 = padding, hides padded slots (a 4D mask is used as is). A padding query that would
-    see nothing sees everything instead: its output is never used, and this keeps NaNs out.
+    The T queries are cache slots past .. past+T-1 and see the slots up to their own, and with
+    a `window` W only those past their own - W. The kv_len keys are the last kv_len slots
+    (a dynamic cache: all of them, or a sliding layer's last W - 1 and the new ones), or
+    slots 0 .. kv_len - 1 when there are more (a static cache, masked by a 4D mask).
+    padding_mask (B, >= past+T), 0 = padding, hides padded slots (a 4D mask is taken as
+    is). A padding query that would see nothing sees everything instead: its output is never
+    used, and this keeps NaNs out.
     """
-    if padding_mask is not None and padding_mask.ndim == 4:
+    plain = window is None and slopes is None
+    if padding_mask is not None and padding_mask.ndim == 4 and plain:
         return padding_mask, False  # a ready mask (generate() builds one for static caches)
-    if padding_mask is None and kv_len == past + T:
+    if plain and padding_mask is None and kv_len == past + T:
         if T == 1:
             return None, False
         if past == 0:
             return None, True
-    q_slot = torch.arange(past, past + T, device=device)
-    mask = (torch.arange(kv_len, device=device)[None, :] <= q_slot[:, None])[None, None]
-    if padding_mask is not None:
+    first = past + T - kv_len if kv_len <= past + T else 0  # the slot of the first key
+    q_slot = torch.arange(past, past + T, device=device)[:, None]
+    k_slot = torch.arange(first, first + kv_len, device=device)[None, :]
+    mask = (k_slot <= q_slot)[None, None]
+    if window is not None:
+        mask = mask & (k_slot > q_slot - window)
+    if padding_mask is not None and padding_mask.ndim == 4:
+        ready = padding_mask if padding_mask.dtype == torch.bool else padding_mask == 0
+        mask = mask & ready
+    elif padding_mask is not None:
         keep = padding_mask.bool()
-        if keep.shape[-1] < kv_len:
-            keep = F.pad(keep, (0, kv_len - keep.shape[-1]))
-        mask = mask & keep[:, None, None, :kv_len]
+        if keep.shape[-1] < first + kv_len:
+            keep = F.pad(keep, (0, first + kv_len - keep.shape[-1]))
+        mask = mask & keep[:, None, None, first : first + kv_len]
+    if padding_mask is not None:
         mask = mask | ~mask.any(-1, keepdim=True)
-    return mask, False
+    if slopes is None:
+        return mask, False
+    bias = -slopes.to(device=device, dtype=torch.float32)[:, None, None] * (q_slot - k_slot).float()
+    return bias.masked_fill(~mask, float("-inf")).to(dtype), False
 
 
 # ----------------------------------------------------------------------------- models
@@ -319,6 +403,12 @@ class RopeLMModel(RopeLMPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        c = self.config
+        types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
+        if isinstance(attention_mask, dict):  # generate() with a static cache: 4D per layer type
+            masks, attention_mask = [attention_mask[t] for t in types], None
+        else:
+            masks = None
         padded = attention_mask is not None and attention_mask.ndim == 2
         if padded and bool(attention_mask.all()):
             attention_mask, padded = None, False  # no padding: plain causal attention
@@ -334,12 +424,22 @@ class RopeLMModel(RopeLMPreTrainedModel):
                 )
             x = x + self.embed_positions(position_ids)
         x = self.drop(x)
-        c = self.config
-        cos, sin = rotary_cos_sin(
-            position_ids, c.rotary_dims, c.rope_theta, c.rotary_scaling, c.max_position_embeddings
-        )
-        for layer in self.layers:
-            x = layer(x, cos, sin, attention_mask, past_key_values)
+        tables = {}  # one cos/sin per distinct (rotary_dims, theta, spectrum) of the layers
+        for i, (layer, (r, theta, spectrum_dims, _)) in enumerate(
+            zip(self.layers, layer_settings(c), strict=True)
+        ):
+            key = (r, theta, spectrum_dims)
+            if key not in tables:
+                tables[key] = rotary_cos_sin(
+                    position_ids,
+                    r,
+                    theta,
+                    c.rotary_scaling,
+                    c.max_position_embeddings,
+                    spectrum_dims,
+                )
+            mask = attention_mask if masks is None else masks[i]
+            x = layer(x, *tables[key], mask, past_key_values)
         return BaseModelOutputWithPast(
             last_hidden_state=self.norm(x), **{CACHE_FIELD: past_key_values}
         )

@@ -27,6 +27,29 @@ def format_tokens(n: int) -> str:
     return str(n)
 
 
+def describe_positions(model_cfg) -> str:
+    """The start-up line's positions: 'rotary dims r/head_dim' when every layer is plain RoPE
+    (or NoPE) at one theta, else each run of equal layers (`LayerPosition.describe`):
+    'positions by layer: 0-2 RoPE 64/64 (neox, theta 10000), full; 3 NoPE, full'."""
+    from pretrain.model.position import layer_positions
+
+    layers = layer_positions(model_cfg)
+    texts = [p.describe() for p in layers]
+    plain = all(
+        p.window is None and not p.alibi and (p.spectrum == "neox" or p.rotary_dims == p.head_dim)
+        for p in layers
+    )
+    if plain and len(set(texts)) == 1:
+        return f"rotary dims {model_cfg.rope_dims}/{model_cfg.head_dim}"
+    runs, start = [], 0
+    for i in range(1, len(texts) + 1):
+        if i == len(texts) or texts[i] != texts[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            runs.append(f"{span} {texts[start]}")
+            start = i
+    return "positions by layer: " + "; ".join(runs)
+
+
 def spike_policy(c) -> str:
     """What the run does about loss spikes beyond logging them, in words ('' = nothing)."""
     parts = []
@@ -62,7 +85,7 @@ class ConsoleProgress(Callback):
         tokens = trainer.run.tokens_per_step
         trainer.log(
             f"model: {m.num_params() / 1e6:.2f}M parameters ({m.num_params(True) / 1e6:.2f}M "
-            f"without embeddings), rotary dims {cfg.model.rope_dims}/{cfg.model.head_dim}; "
+            f"without embeddings), {describe_positions(cfg.model)}; "
             f"{trainer.run.env.world_size} rank(s) on {trainer.run.device.type}, {t.precision}, "
             f"ZeRO-{t.zero_stage}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
             f"{trainer.run.grad_accum} accumulation x {trainer.run.env.world_size} ranks; "

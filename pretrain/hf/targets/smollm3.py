@@ -1,0 +1,134 @@
+"""SmolLM3ForCausalLM: Llama's layers (sequential block, RMSNorm, SwiGLU, grouped-query
+attention, RoPE on the whole head) with two per-layer settings Llama lacks: NoPE layers
+(`no_rope_layers`, one flag per layer, 1 = RoPE; SmolLM3 itself drops RoPE in every 4th) and
+sliding-window layers (`use_sliding_window`, `sliding_window`, `layer_types`), each window W
+seeing the query and the W - 1 tokens before it, as ours (`kv > q - W`). So it holds our
+`nope_every` / `nope_layers` and `sliding_window` with `sliding_window_pattern` /
+`layer_types` (any mix, Cohere 2's NoPE global layers too) when every RoPE layer rotates the
+whole head at one theta; transformers' DynamicCache keeps W - 1 keys of a sliding layer.
+
+`choose_target` picks it only for a model whose layers differ (NoPE layers among RoPE ones,
+or sliding windows): a uniform model stays what it was (Llama, or RopeLM for NoPE everywhere,
+as every config in configs/); `--target smollm3` takes any model it holds.
+Weights: exactly Llama's names and layouts (`llama.llama_tensor_map`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pretrain.config import ModelConfig
+from pretrain.hf.targets import llama
+from pretrain.hf.targets.base import (
+    HFConversionError,
+    Target,
+    TensorMap,
+    common_model_fields,
+    hf_rope_parameters,
+    native_limits,
+    position_limits,
+    rope_from_hf,
+)
+from pretrain.model.position import layer_positions
+
+# our layer type -> transformers'
+LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
+
+
+class SmolLM3(Target):
+    name = "smollm3"
+    class_name = "SmolLM3ForCausalLM"
+
+    def auto(self, cfg: ModelConfig) -> bool:
+        positions = layer_positions(cfg)
+        return len({p.rope for p in positions}) > 1 or any(p.window for p in positions)
+
+    def unsupported(self, cfg: ModelConfig) -> list[str]:
+        cls = self.class_name
+        problems = native_limits(cfg, cls)
+        if cfg.block != "sequential":
+            problems.append(f"{cls} has no parallel block (model.block: {cfg.block})")
+        if cfg.norm != "rmsnorm":
+            problems.append(f"{cls} has RMSNorm only (model.norm: {cfg.norm})")
+        if cfg.mlp != "swiglu":
+            problems.append(f"{cls} has SwiGLU only (model.mlp: {cfg.mlp})")
+        if cfg.rope_dims not in (0, cfg.head_dim):
+            problems.append(
+                f"{cls} applies RoPE to the whole head of its RoPE layers; partial RoPE "
+                f"(rotary_dims {cfg.rope_dims} of head_dim {cfg.head_dim}) is not representable"
+            )
+        problems += position_limits(cfg, cls, nope_layers=True, sliding=True)
+        if cfg.dropout:
+            problems.append(
+                f"{cls} has attention dropout only (model.dropout: {cfg.dropout} "
+                f"also drops embeddings and residual branches)"
+            )
+        return problems
+
+    def hf_config(self, cfg: ModelConfig, common: dict[str, Any]) -> Any:
+        from transformers import SmolLM3Config
+
+        positions = layer_positions(cfg)
+        sliding = any(p.window is not None for p in positions)
+        return SmolLM3Config(
+            **common,
+            # its default (128004) is an embedding row: none here, as Llama's
+            pad_token_id=None,
+            num_key_value_heads=cfg.kv_heads,
+            hidden_act="silu",
+            rms_norm_eps=cfg.norm_eps,
+            attention_bias=cfg.attn_bias,
+            mlp_bias=cfg.mlp_bias,
+            attention_dropout=cfg.dropout,
+            rope_parameters=hf_rope_parameters(cfg),
+            no_rope_layers=[int(p.rope) for p in positions],
+            no_rope_layer_interval=cfg.nope_every or 4,  # read only when no_rope_layers is None
+            use_sliding_window=sliding,
+            sliding_window=cfg.sliding_window if sliding else None,
+            layer_types=[LAYER_TYPES[p.attention] for p in positions],
+        )
+
+    def model_config(self, hf_cfg: Any) -> ModelConfig:
+        theta, scaling = rope_from_hf(hf_cfg)
+        n = hf_cfg.num_hidden_layers
+        head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads
+        if getattr(hf_cfg, "head_dim", None) not in (None, head_dim):
+            raise HFConversionError(
+                f"head_dim {hf_cfg.head_dim} != hidden_size / heads ({head_dim}); "
+                f"our model has no separate head_dim"
+            )
+        if hf_cfg.hidden_act != "silu":
+            raise HFConversionError(
+                f"hidden_act {hf_cfg.hidden_act!r}: only silu (SwiGLU) converts exactly"
+            )
+        flags = list(hf_cfg.no_rope_layers)[:n]
+        nope = [i for i, rope in enumerate(flags) if not rope]
+        # transformers' masks follow layer_types (and the window) for every layer
+        types = list(hf_cfg.layer_types or ["full_attention"] * n)[:n]
+        window = hf_cfg.sliding_window if "sliding_attention" in types else None
+        unknown = sorted(set(types) - set(LAYER_TYPES.values()))
+        if unknown:
+            raise HFConversionError(
+                f"layer_types {unknown}: only full_attention and sliding_attention convert"
+            )
+        return ModelConfig(
+            **common_model_fields(hf_cfg, theta, scaling),
+            n_kv_heads=hf_cfg.num_key_value_heads,
+            block="sequential",
+            norm="rmsnorm",
+            norm_eps=hf_cfg.rms_norm_eps,
+            mlp="swiglu",
+            mlp_bias=bool(hf_cfg.mlp_bias),
+            attn_bias=bool(hf_cfg.attention_bias),
+            rotary_dims=0 if len(nope) == n else head_dim,
+            nope_layers=nope if 0 < len(nope) < n else None,
+            sliding_window=window,
+            layer_types=None if window is None else [t.split("_")[0] for t in types],
+            dropout=float(hf_cfg.attention_dropout),
+        )
+
+    def tensor_map(self, cfg: ModelConfig, name: str) -> TensorMap:
+        return llama.llama_tensor_map(cfg, name)
+
+
+__all__ = ["LAYER_TYPES", "SmolLM3"]
