@@ -101,7 +101,9 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run(tmp_path, monkeypatch):
         Config, tiny_config(tmp_path / "run", tmp_path / "data", train={"fp8": "rowwise"})
     )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"^train\.fp8=rowwise needs a CUDA GPU .* train\.fp8_emulate=true"):
+    with pytest.raises(
+        ConfigError, match=r"^train\.fp8=rowwise needs a CUDA GPU .* train\.fp8_emulate=true"
+    ):
         check_fp8(cfg)
     # A GPU before compute capability 8.9 (simulated: this machine has none)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
