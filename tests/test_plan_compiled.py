@@ -13,7 +13,7 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.gpucheck.training import run_config
-from pretrain.planner import GPU, GiB, plan_run
+from pretrain.planner import GPU, GiB, compiled_extra_bytes, plan_run
 from pretrain.planner.search import with_compile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,19 +40,18 @@ def test_the_gpu_windows_measured_compiled_steps_of_both_block_types():
 
 @pytest.mark.parametrize("where,meta,row", ROWS, ids=[r[0] for r in ROWS])
 def test_the_compiled_plan_holds_what_the_gpu_allocated(where, meta, row, tmp_path):
+    """The window's eager plan (its recorded figure: re-tracing it is test_plan.py's and the
+    window's own check) plus the allowance for that run covers what the compiled step
+    allocated, by at most 4%."""
     name = row["run"].split(",")[0]
-    gpu = GPU(meta["device"], int(meta["gpu_gib"] * GiB), 989e12)
     cfg = load_config(REPO / "configs" / "paper" / f"{name}.yaml")
     run = run_config(cfg, row["micro_batch"], row["recompute"], 1, str(tmp_path), True)
-    eager = plan_run(run, gpu, 1, target="cuda", compiled=False)
-    compiled = with_compile(eager, run)  # as plan_run does: train.compile is true in run_config
-    # The same plan as the window's (its predicted figure is the eager trace's)
-    assert eager.train_peak / GiB == pytest.approx(row["predicted_gib"], abs=0.01)
-    assert compiled.compiled and compiled.compile_extra > 0
+    extra = compiled_extra_bytes(run, row["micro_batch"], row["recompute"], "cuda")
+    planned = row["predicted_gib"] * GiB + extra
     allocated = row["allocated_gib"] * GiB
-    assert allocated <= compiled.train_peak <= 1.04 * allocated, where
+    assert allocated <= planned <= 1.04 * allocated, where
     if name.startswith("pythia"):  # inductor's parallel block: the eager plan is 10-12% short
-        assert eager.train_peak < 0.92 * allocated
+        assert row["predicted_gib"] * GiB < 0.92 * allocated
 
 
 def test_compile_auto_plans_compiled_where_it_fits_and_eager_where_only_eager_fits(tmp_path):
