@@ -443,6 +443,11 @@ class TrainConfig:
     # planner's compiled step fits the GPU (pretrain/train/engine.py resolve_compile), eager
     # on CPU, where inductor's build takes minutes for little gain on a few cores.
     compile: bool | Literal["auto"] = "auto"
+    # What torch.compile compiles: the whole model (DeepSpeed's engine.compile()) or each block
+    # on its own ('blocks': regional compilation, as torchtitan does; identical blocks share
+    # one compiled graph, so compile time is about one block's). gpu-check's compile stage
+    # times both; the default stays 'model' until a GPU has measured 'blocks'.
+    compile_regions: Literal["model", "blocks"] = "model"
     # FP8 matmuls in the blocks' linears (torchao float8 training, pretrain/train/fp8.py):
     # off, tensorwise or rowwise scales. Needs a GPU of compute capability 8.9+ (H100, H200);
     # `fp8_emulate` runs torchao's emulation anywhere (fp8 numerics, not speed: CPU tests).

@@ -49,8 +49,10 @@ def test_cpu_smoke_fills_every_stage_and_row(smoke):
         assert TABLE_TITLES[table] in md, table
     t = {k: [r for s in data["stages"].values() for r in s["tables"].get(k, [])] for k in TABLES}
     # Memory: the plan's figures on CPU; the allocator's are a GPU's (none here).
-    # 2 models x 2 recompute x 2 phases; compile: eager (2 phases) and compiled (training)
-    assert len(t["memory"]) == 2 * 2 * 2 + 2 * (2 + 1)
+    # 2 models x 2 recompute x 2 phases; compile: eager (2 phases), compiled and compiled by
+    # blocks (training)
+    assert len(t["memory"]) == 2 * 2 * 2 + 2 * (2 + 1 + 1)
+    assert sum(", compiled (blocks)" in r["run"] for r in t["memory"]) == 2
     assert all(r["predicted_gib"] > 0 and r["allocated_gib"] is None for r in t["memory"])
     assert {r["recompute"] for r in t["memory"]} == {0, 1}  # none and full (1 of 1 layers)
     assert {r["compile"] for r in t["speed"]} == {False, True}

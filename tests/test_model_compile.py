@@ -127,3 +127,34 @@ def test_a_cpu_run_with_compile_auto_trains_eager_and_says_so(
     assert trainer.fit() == 0
     assert compiled == []
     assert "train.compile=auto: eager on CPU" in capsys.readouterr().out
+
+
+def test_compiling_by_blocks_trains_as_eager(tmp_path, tmp_path_factory):
+    """train.compile_regions='blocks' (regional compilation): each block compiled in place
+    before DeepSpeed wraps the model, the model itself not, and the losses those of the eager
+    run (dynamo's "eager" backend here: the capture, without inductor's minutes of C++)."""
+    from train_support import stdlib_data
+
+    from pretrain.run_layout import read_metrics
+    from pretrain.train.deepspeed_adapter import compile_backend
+    from pretrain.train.trainer import Trainer
+
+    losses = {}
+    for name, train in {
+        "eager": {"compile": False},
+        "blocks": {"compile": True, "compile_regions": "blocks"},
+    }.items():
+        raw = tiny_config(
+            tmp_path / name,
+            stdlib_data(tmp_path_factory),
+            train={"train_iters": 3, "eval_interval": 0, **train},
+            logging={"log_interval": 1},
+        )
+        trainer = Trainer(from_dict(Config, raw), callbacks=None, save_checkpoints=False)
+        with compile_backend("eager"):
+            assert trainer.fit() == 0
+        model = trainer.run.module.engine.module
+        compiled = [b._compiled_call_impl is not None for b in model.blocks]
+        assert compiled == [name == "blocks"] * len(model.blocks)
+        losses[name] = [r["train/loss"] for r in read_metrics(tmp_path / name) if "train/loss" in r]
+    assert losses["blocks"] == pytest.approx(losses["eager"], rel=1e-6)

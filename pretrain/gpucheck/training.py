@@ -143,6 +143,7 @@ class Probe(Callback):
         self.profiled_s: float | None = None
         self._prof = None
         self._t = 0.0
+        self.first_step_s: float | None = None  # set-up to the end of step 1: compile's time
 
     def on_train_start(self, trainer) -> None:
         # The TrainModule's calls of the engine go through the labels; nothing of the
@@ -157,6 +158,8 @@ class Probe(Callback):
         now = time.perf_counter()
         seconds, self._t = now - self._t, now
         step = out.step
+        if step == 1:
+            self.first_step_s = seconds
         if self.warmup < step <= self.warmup + self.timed:
             self.step_s.append(seconds)
             allocated, reserved = self.meter.peak()
@@ -210,6 +213,7 @@ def run_config(
     run_dir: str,
     compile_model: bool = False,
     accumulation: int = 2,
+    compile_regions: str = "model",
 ) -> Config:
     """`cfg` as the measured run: `micro_batch` x `accumulation` sequences per step on one
     process, `layers` blocks recomputed, `steps` optimizer steps, nothing evaluated or saved."""
@@ -221,6 +225,7 @@ def run_config(
         micro_batch * accumulation,
         activation_checkpointing=layers,
         compile=compile_model,
+        compile_regions=compile_regions,
     )
 
 
@@ -262,6 +267,7 @@ def measure_run(
         "eval_reserved": probe.eval_peak[1],
         "split_ms": probe.split,
         "profiled_step_s": probe.profiled_s,
+        "first_step_s": probe.first_step_s,
     }
 
 

@@ -71,7 +71,7 @@ def build_context(
     recompute = resolve_recompute(cfg, env.world_size, device, planner)
     compiled, why = resolve_compile(cfg, env.world_size, device, recompute, planner)
     if env.is_main:
-        log(why)
+        log(why + (", each block on its own" if compiled and t.compile_regions == "blocks" else ""))
     engine = build_engine(cfg, env.world_size, device, recompute, compiled)
     if t.fp8 != "off" and env.is_main:
         emulated = " (torchao's emulation)" if t.fp8_emulate else ""

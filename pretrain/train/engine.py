@@ -244,6 +244,8 @@ def build_engine(
     model.gradient_checkpointing = recompute
     if t.fp8 != "off":  # before DeepSpeed: it wraps (and casts) the converted layers
         convert_to_fp8(model, t.fp8, t.fp8_emulate)
+    if compiled and t.compile_regions == "blocks":
+        deepspeed_adapter.compile_blocks(model.blocks)
     if device.type == "cuda" and optimizer_impl(cfg, device) == "deepspeed":
         readable = deepspeed_arch_list(os.environ.get(ARCH_LIST))
         if readable is not None and readable != os.environ[ARCH_LIST]:
@@ -264,7 +266,7 @@ def build_engine(
         lr_scheduler=lambda opt: make_scheduler(opt, cfg.optim.lr, cfg.schedule, t.train_iters),
     )
     deepspeed_adapter.wrap_stepped_optimizer(engine, SkipStepOptimizer)
-    if compiled:
+    if compiled and t.compile_regions == "model":
         deepspeed_adapter.compile_engine(engine)
     return engine
 
