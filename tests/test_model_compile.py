@@ -110,38 +110,25 @@ def test_compile_auto_is_the_default_and_compiles_on_cuda_only_where_the_plan_fi
         assert resolve_compile(cfg, 1, cpu, 0, None)[0] is value
 
 
-def test_a_cpu_run_with_compile_auto_trains_eager_and_says_so(
+def test_compile_auto_trains_eager_on_cpu_and_compiling_by_blocks_trains_alike(
     tmp_path, tmp_path_factory, capsys, monkeypatch
 ):
-    """The default config trains on CPU without torch.compile (no inductor build) and its
-    log names the choice."""
-    from train_support import stdlib_data
-
-    from pretrain.train import deepspeed_adapter
-    from pretrain.train.trainer import Trainer
-
-    compiled = []
-    monkeypatch.setattr(deepspeed_adapter, "compile_engine", compiled.append)
-    raw = tiny_config(tmp_path / "run", stdlib_data(tmp_path_factory), train={"train_iters": 2})
-    trainer = Trainer(from_dict(Config, raw), callbacks=[], save_checkpoints=False)
-    assert trainer.fit() == 0
-    assert compiled == []
-    assert "train.compile=auto: eager on CPU" in capsys.readouterr().out
-
-
-def test_compiling_by_blocks_trains_as_eager(tmp_path, tmp_path_factory):
-    """train.compile_regions='blocks' (regional compilation): each block compiled in place
-    before DeepSpeed wraps the model, the model itself not, and the losses those of the eager
-    run (dynamo's "eager" backend here: the capture, without inductor's minutes of C++)."""
+    """The default (`auto`) trains on CPU without torch.compile (no inductor build) and its
+    log names the choice; train.compile_regions='blocks' (regional compilation) compiles each
+    block in place before DeepSpeed wraps the model, the model itself not, and trains with the
+    eager run's losses (dynamo's "eager" backend here: the capture, without inductor's
+    minutes of C++)."""
     from train_support import stdlib_data
 
     from pretrain.run_layout import read_metrics
-    from pretrain.train.deepspeed_adapter import compile_backend
+    from pretrain.train import deepspeed_adapter
     from pretrain.train.trainer import Trainer
 
+    engine_compiles = []
+    monkeypatch.setattr(deepspeed_adapter, "compile_engine", engine_compiles.append)
     losses = {}
     for name, train in {
-        "eager": {"compile": False},
+        "auto": {},
         "blocks": {"compile": True, "compile_regions": "blocks"},
     }.items():
         raw = tiny_config(
@@ -151,10 +138,16 @@ def test_compiling_by_blocks_trains_as_eager(tmp_path, tmp_path_factory):
             logging={"log_interval": 1},
         )
         trainer = Trainer(from_dict(Config, raw), callbacks=None, save_checkpoints=False)
-        with compile_backend("eager"):
+        with deepspeed_adapter.compile_backend("eager"):
             assert trainer.fit() == 0
         model = trainer.run.module.engine.module
         compiled = [b._compiled_call_impl is not None for b in model.blocks]
         assert compiled == [name == "blocks"] * len(model.blocks)
         losses[name] = [r["train/loss"] for r in read_metrics(tmp_path / name) if "train/loss" in r]
-    assert losses["blocks"] == pytest.approx(losses["eager"], rel=1e-6)
+        out = capsys.readouterr().out
+        if name == "auto":
+            assert "train.compile=auto: eager on CPU" in out
+        else:
+            assert "train.compile=true, each block on its own" in out
+    assert engine_compiles == []  # neither compiled the whole model
+    assert losses["blocks"] == pytest.approx(losses["auto"], rel=1e-6)
