@@ -20,6 +20,21 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _no_tqdm_monitor() -> None:
+    """No tqdm monitor thread in the pytest process. The first progress bar a test shows
+    in-process (the peers benchmark's, lm-eval's) starts it, and it takes tqdm's lock every
+    10 s: a test that forks this process (the prepare_data signal tests, the cache ranks)
+    while it holds the lock gives a child whose first progress bar waits for that lock
+    forever (seen once: a forked prepare_data that never exited on SIGINT). The monitor only
+    refreshes bars that stall, which tests do not watch."""
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
+
+
+_no_tqdm_monitor()
+
+
 def missing(msg: str) -> None:
     """A prerequisite is missing: fail under CI=true (CI skips nothing silently), else skip."""
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
