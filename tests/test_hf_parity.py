@@ -280,13 +280,10 @@ def test_remote_code_model_matches_ours_both_ways(name):
         assert torch.equal(back.state_dict()[k], v), k
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_remote_code_generates_left_padded_batches_like_ours(cache):
-    """A left-padded batch through generate() gives each prompt the tokens our model gives it
-    alone (positions count real tokens, so learned positions are right too)."""
-    ours = random_model(5, **REMOTE_SHAPES["char_gpt"])
-    hf = to_hf(ours, "rope_lm")
-    g = torch.Generator().manual_seed(5)
+def _left_padded_batch_like_ours(ours, hf, cache: str, seed: int) -> torch.Tensor:
+    """Two prompts (12 and 7 tokens, the second left-padded) through transformers' generate()
+    with `cache`: each gets the 16 greedy tokens our model gives it alone. Returns the first."""
+    g = torch.Generator().manual_seed(seed)
     a, b = torch.randint(0, 300, (1, 12), generator=g), torch.randint(0, 300, (1, 7), generator=g)
     ids = torch.zeros(2, 12, dtype=torch.long)
     ids[0], ids[1, 5:] = a, b
@@ -304,6 +301,16 @@ def test_remote_code_generates_left_padded_batches_like_ours(cache):
     )
     assert torch.equal(out[0], ours.generate(a, 16, temperature=0)[0])
     assert torch.equal(out[1, 5:], ours.generate(b, 16, temperature=0)[0])
+    return a
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_remote_code_generates_left_padded_batches_like_ours(cache):
+    """A left-padded batch through generate() gives each prompt the tokens our model gives it
+    alone (positions count real tokens, so learned positions are right too)."""
+    ours = random_model(5, **REMOTE_SHAPES["char_gpt"])
+    hf = to_hf(ours, "rope_lm")
+    _left_padded_batch_like_ours(ours, hf, cache, 5)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -323,24 +330,7 @@ def test_remote_code_windows_and_alibi_generate_left_padded_batches_like_ours(ca
         layer_types=["sliding", "full", "sliding"],
     )
     hf = to_hf(ours, "rope_lm")
-    g = torch.Generator().manual_seed(6)
-    a, b = torch.randint(0, 300, (1, 12), generator=g), torch.randint(0, 300, (1, 7), generator=g)
-    ids = torch.zeros(2, 12, dtype=torch.long)
-    ids[0], ids[1, 5:] = a, b
-    mask = torch.ones_like(ids)
-    mask[1, :5] = 0
-    out = hf.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=16,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        suppress_tokens=list(range(300, 320)),
-        cache_implementation=cache,
-    )
-    assert torch.equal(out[0], ours.generate(a, 16, temperature=0)[0])
-    assert torch.equal(out[1, 5:], ours.generate(b, 16, temperature=0)[0])
+    a = _left_padded_batch_like_ours(ours, hf, cache, 6)
     if cache == "dynamic":
         with torch.no_grad():
             step = hf(a, use_cache=True)

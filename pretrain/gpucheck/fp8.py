@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from typing import Any
 
 import torch
 
-from pretrain.config import ModelConfig
 from pretrain.gpucheck.results import at_most
-from pretrain.gpucheck.sizes import Context
+from pretrain.gpucheck.sizes import Context, blocks_model, timed_step
 from pretrain.model.transformer import Transformer
 from pretrain.train.fp8 import convert_to_fp8, fp8_layers
 
@@ -27,30 +25,9 @@ LOSS_TOLERANCE = 5e-3  # tests/test_train_fp8.py's, measured over 40 CPU steps (
 SPEEDUP_TARGET = 1.2  # rowwise tokens/s over compiled bf16's
 
 
-def _step(model: torch.nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, float]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    loss = model(x, targets=x).loss
-    loss.backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start, float(loss.detach())
-
-
 def fp8_stage(ctx: Context) -> dict[str, Any]:
     s = ctx.sizes.fp8
-    cfg = ModelConfig(
-        vocab_size=s["vocab"],
-        pad_vocab_to_multiple=1,
-        n_layers=s["layers"],
-        d_model=s["d_model"],
-        n_heads=s["heads"],
-        n_kv_heads=s["kv_heads"],
-        d_ff=s["d_ff"],
-        max_seq_len=s["seq_len"],
-        rope_fraction=0.1,
-    )
+    cfg = blocks_model(s, rope_fraction=0.1)
     dtype = torch.bfloat16 if ctx.cuda else torch.float32
     torch.manual_seed(0)
     with torch.device(ctx.device):
@@ -68,7 +45,7 @@ def fp8_stage(ctx: Context) -> dict[str, Any]:
         # and the compile stages' smoke already runs the compiled path.
         models[recipe] = torch.compile(model) if ctx.cuda else model
         for _ in range(s["warmup"]):  # compiles
-            _step(models[recipe], x, ctx.device)
+            timed_step(models[recipe], x, ctx.device)
             model.zero_grad(set_to_none=True)
     del reference
     times: dict[str, list[float]] = {r: [] for r in models}
@@ -76,7 +53,7 @@ def fp8_stage(ctx: Context) -> dict[str, Any]:
     for _ in range(s["rounds"]):  # paired: each recipe once per round, same weights and batch
         for recipe, model in models.items():
             model.zero_grad(set_to_none=True)
-            seconds, losses[recipe] = _step(model, x, ctx.device)
+            seconds, losses[recipe] = timed_step(model, x, ctx.device)
             times[recipe].append(seconds)
     rows, checks = [], []
     for recipe in models:

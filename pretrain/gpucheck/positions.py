@@ -13,14 +13,12 @@ so a silent fallback shows as a name as well as a time.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import torch
 
-from pretrain.config import ModelConfig
 from pretrain.gpucheck.results import at_most
-from pretrain.gpucheck.sizes import Context
+from pretrain.gpucheck.sizes import Context, blocks_model, timed_step
 from pretrain.model.attention import choose_kernel
 from pretrain.model.transformer import Transformer
 
@@ -44,37 +42,15 @@ def variants(window: int, layers: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def _step_seconds(model: Transformer, x: torch.Tensor, device: torch.device) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    sync()
-    start = time.perf_counter()
-    model(x, targets=x).loss.backward()
-    sync()
-    return time.perf_counter() - start
-
-
 def positions_stage(ctx: Context) -> dict[str, Any]:
     s = ctx.sizes.positions
-    shape = dict(
-        vocab_size=s["vocab"],
-        pad_vocab_to_multiple=1,
-        n_layers=s["layers"],
-        d_model=s["d_model"],
-        n_heads=s["heads"],
-        n_kv_heads=s["kv_heads"],
-        d_ff=s["d_ff"],
-        max_seq_len=s["seq_len"],
-    )
     dtype = torch.bfloat16 if ctx.cuda else torch.float32
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, s["vocab"], (s["batch"], s["seq_len"]), generator=g).to(ctx.device)
     models: dict[str, Transformer] = {}
     kernels: dict[str, str] = {}
     for name, fields in variants(s["window"], s["layers"]).items():
-        cfg = ModelConfig(**shape, **fields)
+        cfg = blocks_model(s, **fields)
         torch.manual_seed(0)
         with torch.device(ctx.device):
             models[name] = Transformer(cfg).to(dtype).train()
@@ -92,12 +68,12 @@ def positions_stage(ctx: Context) -> dict[str, Any]:
             )
         )
         for _ in range(s["warmup"]):  # FlexAttention compiles its kernel on the first call
-            _step_seconds(models[name], x, ctx.device)
+            timed_step(models[name], x, ctx.device)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(s["rounds"]):  # paired: every variant once per round, same conditions
         for name, model in models.items():
             model.zero_grad(set_to_none=True)
-            times[name].append(_step_seconds(model, x, ctx.device))
+            times[name].append(timed_step(model, x, ctx.device)[0])
     reference = next(iter(models))
     base = statistics.median(times[reference])
     rows, checks = [], []

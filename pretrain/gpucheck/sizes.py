@@ -179,6 +179,37 @@ SMOKE_SIZES = Sizes(
 )
 
 
+def blocks_model(sizes: dict[str, Any], **fields: Any) -> ModelConfig:
+    """The few-block model a kernel-level stage (positions, fp8) times, from its sizes entry
+    (vocab, layers, d_model, heads, kv_heads, d_ff, seq_len) and the variant's `fields`."""
+    return ModelConfig(
+        vocab_size=sizes["vocab"],
+        pad_vocab_to_multiple=1,
+        n_layers=sizes["layers"],
+        d_model=sizes["d_model"],
+        n_heads=sizes["heads"],
+        n_kv_heads=sizes["kv_heads"],
+        d_ff=sizes["d_ff"],
+        max_seq_len=sizes["seq_len"],
+        **fields,
+    )
+
+
+def timed_step(
+    model: torch.nn.Module, x: torch.Tensor, device: torch.device
+) -> tuple[float, float]:
+    """(seconds, loss) of one forward + backward of `model` on `x`, the device synchronised
+    on both sides."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    loss = model(x, targets=x).loss
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, float(loss.detach())
+
+
 def smoke_model_overrides(model: ModelConfig, tiny: dict[str, Any], seq: int) -> list[str]:
     """--set overrides that shrink a paper config's model and sequence for the smoke, keeping
     its kind: GQA stays GQA (half as many kv heads), MHA stays MHA."""
@@ -232,6 +263,8 @@ __all__ = [
     "REPO",
     "SMOKE_SIZES",
     "Sizes",
+    "blocks_model",
     "smoke_model_overrides",
     "this_gpu",
+    "timed_step",
 ]

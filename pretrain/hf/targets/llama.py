@@ -69,6 +69,17 @@ class Llama(Target):
 
     def unsupported(self, cfg: ModelConfig) -> list[str]:
         cls = self.class_name
+        problems = self.layer_problems(cfg)
+        if cfg.rope_dims != cfg.head_dim:
+            problems.append(
+                f"{cls} applies RoPE to the whole head; partial RoPE or NoPE "
+                f"(rotary_dims {cfg.rope_dims} of head_dim {cfg.head_dim}) is not representable"
+            )
+        return problems + position_limits(cfg, cls)
+
+    def layer_problems(self, cfg: ModelConfig) -> list[str]:
+        """What Llama's layers (and SmolLM3's, the same layers) cannot hold, positions aside."""
+        cls = self.class_name
         problems = native_limits(cfg, cls)
         if cfg.block != "sequential":
             problems.append(f"{cls} has no parallel block (model.block: {cfg.block})")
@@ -76,12 +87,6 @@ class Llama(Target):
             problems.append(f"{cls} has RMSNorm only (model.norm: {cfg.norm})")
         if cfg.mlp != "swiglu":
             problems.append(f"{cls} has SwiGLU only (model.mlp: {cfg.mlp})")
-        if cfg.rope_dims != cfg.head_dim:
-            problems.append(
-                f"{cls} applies RoPE to the whole head; partial RoPE or NoPE "
-                f"(rotary_dims {cfg.rope_dims} of head_dim {cfg.head_dim}) is not representable"
-            )
-        problems += position_limits(cfg, cls)
         if cfg.dropout:
             problems.append(
                 f"{cls} has attention dropout only (model.dropout: {cfg.dropout} "
@@ -105,18 +110,27 @@ class Llama(Target):
         )
 
     def model_config(self, hf_cfg: Any) -> ModelConfig:
-        theta, scaling = rope_from_hf(hf_cfg)
+        return ModelConfig(**self.layer_fields(hf_cfg), rotary_dims=self.head_dim(hf_cfg))
+
+    @staticmethod
+    def head_dim(hf_cfg: Any) -> int:
         head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads
         if getattr(hf_cfg, "head_dim", None) not in (None, head_dim):
             raise HFConversionError(
                 f"head_dim {hf_cfg.head_dim} != hidden_size / heads ({head_dim}); "
                 f"our model has no separate head_dim"
             )
+        return head_dim
+
+    @staticmethod
+    def layer_fields(hf_cfg: Any) -> dict[str, Any]:
+        """Our model fields of Llama's layers (SmolLM3's too), positions aside but theta."""
+        theta, scaling = rope_from_hf(hf_cfg)
         if hf_cfg.hidden_act != "silu":
             raise HFConversionError(
                 f"hidden_act {hf_cfg.hidden_act!r}: only silu (SwiGLU) converts exactly"
             )
-        return ModelConfig(
+        return dict(
             **common_model_fields(hf_cfg, theta, scaling),
             n_kv_heads=hf_cfg.num_key_value_heads,
             block="sequential",
@@ -125,7 +139,6 @@ class Llama(Target):
             mlp="swiglu",
             mlp_bias=bool(hf_cfg.mlp_bias),
             attn_bias=bool(hf_cfg.attention_bias),
-            rotary_dims=head_dim,
             dropout=float(hf_cfg.attention_dropout),
         )
 

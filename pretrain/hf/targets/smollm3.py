@@ -21,13 +21,8 @@ from pretrain.config import ModelConfig
 from pretrain.hf.targets import llama
 from pretrain.hf.targets.base import (
     HFConversionError,
-    Target,
-    TensorMap,
-    common_model_fields,
     hf_rope_parameters,
-    native_limits,
     position_limits,
-    rope_from_hf,
 )
 from pretrain.model.position import layer_positions
 
@@ -35,7 +30,9 @@ from pretrain.model.position import layer_positions
 LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
 
 
-class SmolLM3(Target):
+class SmolLM3(llama.Llama):
+    """Llama's layers, names and weights; the per-layer positions are its own."""
+
     name = "smollm3"
     class_name = "SmolLM3ForCausalLM"
 
@@ -45,25 +42,13 @@ class SmolLM3(Target):
 
     def unsupported(self, cfg: ModelConfig) -> list[str]:
         cls = self.class_name
-        problems = native_limits(cfg, cls)
-        if cfg.block != "sequential":
-            problems.append(f"{cls} has no parallel block (model.block: {cfg.block})")
-        if cfg.norm != "rmsnorm":
-            problems.append(f"{cls} has RMSNorm only (model.norm: {cfg.norm})")
-        if cfg.mlp != "swiglu":
-            problems.append(f"{cls} has SwiGLU only (model.mlp: {cfg.mlp})")
+        problems = self.layer_problems(cfg)
         if cfg.rope_dims not in (0, cfg.head_dim):
             problems.append(
                 f"{cls} applies RoPE to the whole head of its RoPE layers; partial RoPE "
                 f"(rotary_dims {cfg.rope_dims} of head_dim {cfg.head_dim}) is not representable"
             )
-        problems += position_limits(cfg, cls, nope_layers=True, sliding=True)
-        if cfg.dropout:
-            problems.append(
-                f"{cls} has attention dropout only (model.dropout: {cfg.dropout} "
-                f"also drops embeddings and residual branches)"
-            )
-        return problems
+        return problems + position_limits(cfg, cls, nope_layers=True, sliding=True)
 
     def hf_config(self, cfg: ModelConfig, common: dict[str, Any]) -> Any:
         from transformers import SmolLM3Config
@@ -89,18 +74,9 @@ class SmolLM3(Target):
         )
 
     def model_config(self, hf_cfg: Any) -> ModelConfig:
-        theta, scaling = rope_from_hf(hf_cfg)
         n = hf_cfg.num_hidden_layers
-        head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads
-        if getattr(hf_cfg, "head_dim", None) not in (None, head_dim):
-            raise HFConversionError(
-                f"head_dim {hf_cfg.head_dim} != hidden_size / heads ({head_dim}); "
-                f"our model has no separate head_dim"
-            )
-        if hf_cfg.hidden_act != "silu":
-            raise HFConversionError(
-                f"hidden_act {hf_cfg.hidden_act!r}: only silu (SwiGLU) converts exactly"
-            )
+        head_dim = self.head_dim(hf_cfg)
+        fields = self.layer_fields(hf_cfg)
         flags = list(hf_cfg.no_rope_layers)[:n]
         nope = [i for i, rope in enumerate(flags) if not rope]
         # transformers' masks follow layer_types (and the window) for every layer
@@ -112,23 +88,12 @@ class SmolLM3(Target):
                 f"layer_types {unknown}: only full_attention and sliding_attention convert"
             )
         return ModelConfig(
-            **common_model_fields(hf_cfg, theta, scaling),
-            n_kv_heads=hf_cfg.num_key_value_heads,
-            block="sequential",
-            norm="rmsnorm",
-            norm_eps=hf_cfg.rms_norm_eps,
-            mlp="swiglu",
-            mlp_bias=bool(hf_cfg.mlp_bias),
-            attn_bias=bool(hf_cfg.attention_bias),
+            **fields,
             rotary_dims=0 if len(nope) == n else head_dim,
             nope_layers=nope if 0 < len(nope) < n else None,
             sliding_window=window,
             layer_types=None if window is None else [t.split("_")[0] for t in types],
-            dropout=float(hf_cfg.attention_dropout),
         )
-
-    def tensor_map(self, cfg: ModelConfig, name: str) -> TensorMap:
-        return llama.llama_tensor_map(cfg, name)
 
 
 __all__ = ["LAYER_TYPES", "SmolLM3"]
