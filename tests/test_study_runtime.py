@@ -33,7 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 from pretrain.cli.compare_runs import main as compare_main  # noqa: E402
 from pretrain.cli.study import main as study_main  # noqa: E402
 from pretrain.study.executors import select_runs  # noqa: E402
-from pretrain.study.records import LocalRecord, write_local_record  # noqa: E402
+from pretrain.study.records import (  # noqa: E402
+    RUN_LOCK_FD_VAR,
+    LocalRecord,
+    run_lock_held,
+    take_run_lock,
+    write_local_record,
+)
 from pretrain.study.report import write_study_report  # noqa: E402
 from pretrain.study.slurm_jobs import SlurmJob  # noqa: E402
 from pretrain.study.spec import Study, StudyRun, load_study  # noqa: E402
@@ -297,6 +303,45 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+_FORKS_A_WORKER = """
+import os, sys, time
+from pretrain.study.records import keep_run_lock_from_children
+keep_run_lock_from_children()
+child = os.fork()
+if child == 0:  # a DataLoader worker that outlives the run by a few seconds
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1), os.dup2(null, 2)  # not the test's pipe: it waits for their end
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+"""
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept_from_children", "shared"])
+def test_a_run_lock_ends_with_the_training_process(tmp_path, kept):
+    # Without keep_run_lock_from_children the forked child holds the lock after its parent
+    # ended: status said "running" for a run that had stopped (CI, stop 40).
+    fd = take_run_lock(tmp_path, "run")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if kept:
+        env[RUN_LOCK_FD_VAR] = str(fd)
+    out = subprocess.run(
+        [sys.executable, "-c", _FORKS_A_WORKER],
+        pass_fds=(fd,),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    os.close(fd)  # the executor's copy: the run's process is gone
+    worker = int(out.stdout)
+    try:
+        assert _alive(worker)
+        assert run_lock_held(tmp_path, "run") is not kept
+    finally:
+        os.kill(worker, 9)
 
 
 @pytest.mark.slow(

@@ -20,6 +20,7 @@ import sys
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import add_set_option, load_config, to_dict
 from pretrain.run_layout import CheckpointSaveError
+from pretrain.study.records import keep_run_lock_from_children
 from pretrain.train.trainer import train
 
 
@@ -63,6 +64,7 @@ class LazyPlanner:
 
 @user_errors
 def main(argv: list[str] | None = None) -> int:
+    keep_run_lock_from_children()  # before the DataLoader forks its workers
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pretrain.run_layout import EVAL_DIR, step_tag
 from pretrain.study.records import (
+    RUN_LOCK_FD_VAR,
     LocalRecord,
     StudyUsageError,
     Submission,
@@ -492,10 +493,13 @@ class LocalExecutor:
         log.write(f"\n[study {time.strftime('%Y-%m-%d %H:%M:%S')}] {' '.join(argv)}\n")
         log.flush()
         gpu = self._gpu()
+        env = self._env(gpu)
+        if lock_fd is not None:
+            env[RUN_LOCK_FD_VAR] = str(lock_fd)
         proc = subprocess.Popen(
             argv,
             cwd=self.repo,
-            env=self._env(gpu),
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

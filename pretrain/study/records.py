@@ -6,7 +6,8 @@ record of this checkout's submissions, not part of the study: keep it out of git
     submit.lock      held while `submit` decides and submits, and for the whole life of the
                      local executor: one submitter at a time
     RUN.lock         held by a run's training process under the local executor (inherited
-                     from the executor): held = the run is running, whoever started it
+                     from the executor, kept from its own forked children): held = the run's
+                     training process lives, whoever started it
     RUN.json         that process: pid, start and end, exit code
     RUN.log          its output (appended by every start)
     RUN.eval.log     its evaluation's output
@@ -32,6 +33,7 @@ from pretrain.run_layout import atomic_write
 STATE_DIR = "state"
 JOBS_FILE = "jobs.json"
 SUBMIT_LOCK = "submit.lock"
+RUN_LOCK_FD_VAR = "PRETRAIN_RUN_LOCK_FD"  # the run's lock, open in the training process
 
 
 class StudyUsageError(UserError, ValueError):
@@ -165,13 +167,33 @@ def run_lock_held(out_dir: Path, run: str) -> bool:
         os.close(fd)  # drops the shared lock, if taken
 
 
+def keep_run_lock_from_children() -> None:
+    """Called first by a training process: the run's lock that the executor passed open
+    ($PRETRAIN_RUN_LOCK_FD) stays with this process alone. A forked child (a DataLoader
+    worker) would share the lock and hold it for seconds after the run ended, while `status`
+    said running and a new executor refused to start the run."""
+    value = os.environ.pop(RUN_LOCK_FD_VAR, None)
+    if not value:
+        return
+    fd = int(value)
+    os.set_inheritable(fd, False)  # nor an exec'd child
+    os.register_at_fork(after_in_child=lambda: _close_quietly(fd))
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):  # closed already: nothing to keep
+        os.close(fd)
+
+
 __all__ = [
     "JOBS_FILE",
+    "RUN_LOCK_FD_VAR",
     "LocalRecord",
     "StudyBusyError",
     "StudyUsageError",
     "Submission",
     "add_submission",
+    "keep_run_lock_from_children",
     "state_dir",
     "now_utc",
     "read_local_record",
