@@ -33,8 +33,12 @@ endif
 quickstart: venv
 	$(PY) pretrain/main.py --config configs/quickstart.yaml
 
+# Two workers (pytest-xdist): one test at a time leaves a core idle half the time. A file's
+# tests run on one worker, the Slurm files on one (tests/conftest.py, work_unit).
+# TEST_WORKERS=0 runs them in this process (per-file times without two workers sharing cores).
+TEST_WORKERS ?= 2
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The inner loop (docs/reproducibility.md, "The suite's time"): model, data, config, planner,
 # export and architecture unit tests and one short end-to-end training run (the golden run),
@@ -48,7 +52,7 @@ QUICK_TESTS := tests/test_architecture.py tests/test_model.py tests/test_model_r
 	tests/test_eval_position_plots.py
 QUICK_PLAN := "not paper_plan and not cpu_allocator and not cli_plan and not choose_takes"
 test-quick: venv
-	$(PY) -m pytest -q --durations=5 $(QUICK_TESTS) "tests/test_plan.py" -k $(QUICK_PLAN)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=5 $(QUICK_TESTS) "tests/test_plan.py" -k $(QUICK_PLAN)
 
 # The GPU acceptance run (docs/performance.md, "Measured on a GPU"): the stages not done yet
 # that fit in one 10-minute command; run it again until it says all done (exit 75 = stages

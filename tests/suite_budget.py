@@ -9,12 +9,19 @@ loads it):
   held to the same limit on its own (a shared fixture over it fails that first test, naming the
   fixture), since every test of its file pays for it;
 - the end of every run prints the seconds per test file, slowest first: the table in
-  docs/reproducibility.md comes from CI's log.
+  docs/reproducibility.md comes from CI's log;
+- `make test` runs on two workers (pytest-xdist, `-n 2 --dist loadfile`), which this plugin
+  schedules by work unit: a file's tests on one worker, in order, so that its module fixtures
+  (a trained run, a batch of exports) are made once; the files that start the local Slurm
+  cluster as one unit, first, so that one cluster runs at a time and its ~2 minutes of jobs
+  are not the tail that one worker runs while the other waits. A test marked `slurm` in a
+  file whose name does not say slurm is refused at collection.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +91,38 @@ def pytest_runtest_makereport(item, call):
         f'(docs/reproducibility.md, "The suite\'s time"), or mark the test '
         f'@pytest.mark.slow(reason="...") saying why it costs that much'
     )
+
+
+def work_unit(nodeid: str) -> str:
+    """What one worker runs together, in order: a file's tests; the Slurm files' as one."""
+    path = nodeid.split("::", 1)[0]
+    return "slurm" if "slurm" in Path(path).name else path
+
+
+# xdist's own hook (optional: the GPU check's environment has no xdist). Not --dist loadgroup:
+# pytest 9.2 keeps a node's id where xdist 3.8 cannot append the group, so it groups nothing.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order: the Slurm unit first
+    return ByWorkUnit(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if "slurm" in item.keywords and work_unit(item.nodeid) != "slurm":
+            raise pytest.UsageError(
+                f"{item.nodeid} starts the Slurm cluster: its file name must say slurm, so "
+                "that two workers never run two clusters at once (tests/suite_budget.py)"
+            )
+    items.sort(key=lambda item: work_unit(item.nodeid) != "slurm")  # stable: files stay whole
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

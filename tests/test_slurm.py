@@ -343,9 +343,13 @@ def jobs(cluster, tmp_path_factory):
     # After its requeue, rank 1 hangs at step HANG_STEP, once (its marker stays in the run
     # folder): the watchdog ends the job, launch.sh requeues it again, it resumes from the
     # pre-emption's checkpoint and finishes. One job for both paths: each costs a 2-rank run.
+    # Steps 4-10 slowed on rank 0 (0.5 s each): the test signals the job once it has logged 4
+    # steps, and the unslowed job would reach the hang within a second of that, too short a
+    # window for a test process that shares 2 loaded cores (seen under two workers).
     hang = [
         f"train.hang_timeout={HANG_TIMEOUT}",
-        f"spikes.faults=[{{kind: hang, step: {HANG_STEP}, rank: 1}}]",
+        f"spikes.faults=[{{kind: hang, step: {HANG_STEP}, rank: 1}}, "
+        f"{{kind: slow, step: 4, last: 10, rank: 0, seconds: 0.5}}]",
     ]
     out = cluster.run(
         "slurm/submit.sh",
