@@ -103,14 +103,10 @@ def test_peer_in_bf16_weights_has_our_loss(shape, implementation):
     assert abs(got - want) <= BF16_TOLERANCE[implementation] * want
 
 
-def test_race_has_both_shapes_eager_and_compiled_with_their_checks():
-    """The GPU stage's code path (peers.race, then the stage's table and checks) at tiny sizes
-    in bf16 weights, every model also compiled (dynamo's "eager" backend on CPU, as the
-    smoke's): for each shape, six rows, ratios to ours in the same mode, every loss within the
-    race's tolerance, the compiled ones equal to their eager twin's, and the checks for eager
-    and compiled measured."""
-    _need("litgpt")
-    args = argparse.Namespace(
+def _race_args(**changes) -> argparse.Namespace:
+    """peers.race's command-line arguments at tiny sizes, every model compiled (dynamo's
+    "eager" backend on CPU, as the smoke's)."""
+    args = dict(
         d_model=64,
         layers=1,
         heads=4,
@@ -131,6 +127,17 @@ def test_race_has_both_shapes_eager_and_compiled_with_their_checks():
         seed=0,
         device="cpu",
     )
+    return argparse.Namespace(**{**args, **changes})
+
+
+def test_race_has_both_shapes_eager_and_compiled_with_their_checks():
+    """The GPU stage's code path (peers.race, then the stage's table and checks) at tiny sizes
+    in bf16 weights, every model also compiled (dynamo's "eager" backend on CPU, as the
+    smoke's): for each shape, six rows, ratios to ours in the same mode, every loss within the
+    race's tolerance, the compiled ones equal to their eager twin's, and the checks for eager
+    and compiled measured."""
+    _need("litgpt")
+    args = _race_args()
     tables, checks = [], []
     for shape in SHAPES:
         result = peers.race(args, "bf16", shape)
@@ -173,26 +180,15 @@ def test_a_model_that_does_not_compile_is_left_out_with_its_reason():
     def broken(gm, example_inputs):
         raise RuntimeError("this backend compiles nothing")
 
-    args = argparse.Namespace(
+    args = _race_args(
         d_model=32,
-        layers=1,
         heads=2,
-        kv_heads=None,
-        d_ff=None,
         vocab=64,
-        batch=1,
         seq_len=8,
         bf16_seq_len=8,
         rounds=1,
         bf16_rounds=1,
-        warmup=1,
-        threads=1,
-        clock="wall",
-        no_variants=True,
-        compile=True,
         compile_backend=broken,
-        seed=0,
-        device="cpu",
     )
     result = peers.race(args, "fp32", "llama1b")
     assert set(result["not_compiled"]) == {f"{i}, compiled" for i in IMPLEMENTATIONS}
