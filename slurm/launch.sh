@@ -76,7 +76,7 @@ ENTRY=${PRETRAIN_ENTRY:-pretrain/main.py}
 
 # ---------------------------------------------------------------- run folder and log
 # The run folder is logging.run_dir of the config after the --set overrides.
-RUN_DIR=$("${PY[@]}" tools/sweep.py run-dir "$CONFIG" "$@") || die "cannot read the run folder of $CONFIG (message above)"
+RUN_DIR=$("${PY[@]}" tools/study.py run-dir "$CONFIG" "$@") || die "cannot read the run folder of $CONFIG (message above)"
 mkdir -p "$RUN_DIR"
 # Slurm writes the job's output where #SBATCH --output says (slurm/logs/, which exists in
 # every checkout: Slurm fails a job whose log folder is missing). Link it into the run.

@@ -19,14 +19,14 @@ cd "$(dirname "$0")/.."
 if [ -z "${script:-}" ]; then
   name=${arg#slurm/}
   script=slurm/${name%.sh}.sh
-  [ -f "$script" ] || { echo "submit: no job script $script; see: python tools/sweep.py list" >&2; exit 2; }
+  [ -f "$script" ] || { echo "submit: no job script $script; see: python tools/study.py list studies/partial_rope.yaml" >&2; exit 2; }
 fi
 name=$(basename "$script" .sh)
 config=$(sed -n 's|^exec slurm/launch.sh \([^ ]*\) .*|\1|p' "$script")
 [ -n "$config" ] || { echo "submit: $script does not call slurm/launch.sh CONFIG" >&2; exit 2; }
 # shellcheck source=slurm/env.sh
 source slurm/env.sh
-run_dir=$("${PY[@]}" tools/sweep.py run-dir "$config" "$@")
+run_dir=$("${PY[@]}" tools/study.py run-dir "$config" "$@")
 mkdir -p "$run_dir"
 
 train=$(sbatch --parsable "$script" "$@")

@@ -66,7 +66,7 @@ def dump(engine, path: Path, main: bool) -> None:
 
 
 def train(engine, cfg, updates: int, seed: int) -> None:
-    from pretrain.config_checks import grad_accum_steps
+    from pretrain.config import grad_accum_steps
 
     world = torch.distributed.get_world_size()
     rank = torch.distributed.get_rank()

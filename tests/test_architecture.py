@@ -74,13 +74,13 @@ def test_few_imports_of_our_modules_inside_functions():
                 "pretrain.planner",
                 "pretrain.cli",
                 "pretrain.hf",
-                "pretrain.sweep",
+                "pretrain.study",
                 "pretrain.config_checks",
             ),
         ),
         ("pretrain.data", ("pretrain.train", "pretrain.eval", "pretrain.planner", "pretrain.cli")),
-        ("pretrain.train", ("pretrain.planner", "pretrain.cli", "pretrain.sweep")),
-        ("pretrain.planner", ("pretrain.cli", "pretrain.sweep")),
+        ("pretrain.train", ("pretrain.planner", "pretrain.cli", "pretrain.study")),
+        ("pretrain.planner", ("pretrain.cli",)),
         ("pretrain.eval", ("pretrain.planner", "pretrain.cli")),
         ("pretrain.hf", ("pretrain.cli", "pretrain.train", "pretrain.planner")),
     ],
@@ -89,13 +89,30 @@ def test_dependencies_point_down(layer, forbidden):
     assert not _layer_violations(layer, forbidden)
 
 
+# The config's sections, each declared beside its feature, and what they check against.
+SECTIONS = {
+    "pretrain.model.config",
+    "pretrain.model.recompute",
+    "pretrain.data.config",
+    "pretrain.train.config",
+    "pretrain.eval.config",
+    "pretrain.eval.tasks",
+    "pretrain.eval.tasks.convert",
+}
+
+
 def test_the_base_imports_only_the_base():
+    # The base (config, its schema, errors, the run folder's names) and the config's
+    # sections import only each other: reading a config loads no model, trainer or torch.
     base = {
         "pretrain.config",
+        "pretrain.schema",
         "pretrain.errors",
         "pretrain.faults",
         "pretrain.integrity",
         "pretrain.run_layout",
+        "pretrain.slurm_limits",
+        *SECTIONS,
     }
     bad = [
         f"{name} -> {t}"
@@ -263,7 +280,7 @@ def test_every_error_of_ours_is_a_user_error_unless_named_a_failure():
     assert all(is_user_error(c.__new__(c)) for c in users.values())
     # Only configuration errors are ConfigErrors.
     config_like = {k for k, c in users.items() if issubclass(c, ConfigError)}
-    assert config_like == {"pretrain.config.ConfigError"}, config_like
+    assert config_like == {"pretrain.schema.ConfigError"}, config_like
     # The error handler knows them by type, not by a list of class paths in strings.
     tree = ast.parse((PACKAGE / "cli" / "errors.py").read_text())
     names = [

@@ -28,7 +28,7 @@ PROGRAMS = {
     "export_hf": "pretrain.cli.export_hf:main",
     "import_hf": "pretrain.cli.import_hf:main",
     "compare_runs": "pretrain.cli.compare_runs:main",
-    "sweep": "pretrain.cli.sweep:main",
+    "study": "pretrain.cli.study:main",
     "model_info": "pretrain.cli.model_info:main",
     "rope_cache_size": "pretrain.cli.rope_cache_size:main",
     "plan": "pretrain.cli.plan:main",
@@ -39,6 +39,7 @@ PROGRAMS = {
     "prepare_tasks": "pretrain.cli.prepare_tasks:main",
     "passkey": "pretrain.cli.passkey:main",
     "gpu_check": "pretrain.cli.gpu_check:main",
+    "config_schema": "pretrain.cli.config_schema:main",
 }
 
 
@@ -99,6 +100,23 @@ def weights(name: str = "w") -> Callable[[Path], None]:
             max_seq_len=16,
         )
         save_weights(Transformer(cfg), t / name)
+
+    return setup
+
+
+def study_file(**changes) -> Callable[[Path], None]:
+    """A study at {t}/studies/s.yaml over the tiny config, with `changes`: a config section
+    (a dict whose name is a config section) merged into its config, else a study field."""
+
+    def setup(t: Path) -> None:
+        cfg = tiny_config(t / "run", t / "data")
+        study: dict = {"config": cfg}
+        for name, value in changes.items():
+            if name in cfg:
+                cfg[name] = {**cfg[name], **value}
+            else:
+                study[name] = value
+        _write(t / "studies" / "s.yaml", yaml.safe_dump(study))
 
     return setup
 
@@ -311,6 +329,99 @@ CASES = [
         "train.hang_timeout=-5.0",
         run_cfg(train={"hang_timeout": -5}),
     ),
+    # what the file alone decides (issue 42): refused as the config is read
+    Case(
+        "main-seed-negative",
+        "main",
+        CFG,
+        "train.seed=-1 is not a seed NumPy can take",
+        run_cfg(train={"seed": -1}),
+    ),
+    Case(
+        "main-size-negative",
+        "main",
+        CFG,
+        "model.d_ff=-64 must be a positive integer",
+        run_cfg(model={"d_ff": -64}),
+    ),
+    Case(
+        "main-lr-nan",
+        "main",
+        CFG,
+        "optim.lr=nan must be a number, not NaN",
+        run_cfg(optim={"lr": float("nan")}),
+    ),
+    Case(
+        "main-set-lr-nan",
+        "main",
+        CFG + ["--set", "optim.lr=.nan"],
+        "optim.lr=nan must be a number, not NaN",
+        run_cfg(),
+    ),
+    Case(
+        "main-list-for-number",
+        "main",
+        CFG,
+        "train.train_iters=[8] must be an integer",
+        run_cfg(train={"train_iters": [8]}),
+    ),
+    Case(
+        "main-mapping-for-list",
+        "main",
+        CFG,
+        "data.valid={'a': 1} must be a list",
+        run_cfg(data={"valid": {"a": 1}}),
+    ),
+    Case(
+        "study-seed-negative",
+        "study",
+        ["write", "{t}/studies/s.yaml"],
+        "train.seed=-1 is not a seed NumPy can take",
+        study_file(seeds=[7, -1]),
+    ),
+    Case(
+        "study-size-zero",
+        "study",
+        ["plan", "{t}/studies/s.yaml"],
+        "train.micro_batch_size=0 must be a positive integer",
+        study_file(train={"micro_batch_size": 0}),
+    ),
+    Case(
+        "study-lr-nan",
+        "study",
+        ["write", "{t}/studies/s.yaml"],
+        "optim.lr=nan must be a number, not NaN",
+        study_file(optim={"lr": float("nan")}),
+    ),
+    Case(
+        "study-list-for-number",
+        "study",
+        ["write", "{t}/studies/s.yaml"],
+        "train.train_iters=[8] must be an integer",
+        study_file(train={"train_iters": [8]}),
+    ),
+    Case(
+        "study-mapping-for-list",
+        "study",
+        ["write", "{t}/studies/s.yaml"],
+        "data.valid={'a': 1} must be a list",
+        study_file(data={"valid": {"a": 1}}),
+    ),
+    Case(
+        "study-unknown-field",
+        "study",
+        ["write", "{t}/studies/s.yaml"],
+        "unknown field 'axis' (did you mean axes?)",
+        study_file(axis={}),
+    ),
+    # tools/config_schema.py
+    Case("config-schema-bad-flag", "config_schema", ["--bogus"], "--bogus"),
+    Case(
+        "config-schema-no-docs",
+        "config_schema",
+        ["--check", "--repo", "{t}"],
+        "docs/configuration.md",
+    ),
     # tools/prepare_data.py
     Case("prep-no-output", "prepare_data", ["--tokenizer", "bytes"], "--output"),
     Case(
@@ -452,18 +563,19 @@ CASES = [
     Case(
         "compare-eval-step-type", "compare_runs", ["{t}/r1", "--eval-step", "last"], "--eval-step"
     ),
-    # tools/sweep.py
-    Case("sweep-no-command", "sweep", [], "COMMAND"),
-    Case("sweep-unknown-command", "sweep", ["launch"], "launch"),
-    Case("sweep-run-dir-missing", "sweep", ["run-dir", "{t}/nope.yaml"], "nope.yaml"),
+    # tools/study.py (its study files' refusals: tests/test_study_spec.py)
+    Case("study-no-command", "study", [], "COMMAND"),
+    Case("study-unknown-command", "study", ["launch"], "launch"),
+    Case("study-run-dir-missing", "study", ["run-dir", "{t}/nope.yaml"], "nope.yaml"),
     Case(
-        "sweep-run-dir-bad-yaml",
-        "sweep",
+        "study-run-dir-bad-yaml",
+        "study",
         ["run-dir", "{t}/run.yaml"],
         "run.yaml:2:1",
         text("run.yaml", "logging: {run_dir: [\n"),
     ),
-    Case("sweep-list-extra", "sweep", ["list", "--bogus"], "--bogus"),
+    Case("study-list-extra", "study", ["list", "studies/partial_rope.yaml", "--bogus"], "--bogus"),
+    Case("study-check-missing", "study", ["write", "{t}/nope.yaml", "--check"], "nope.yaml"),
     # tools/model_info.py
     Case("info-nothing", "model_info", [], "--preset"),
     Case("info-unknown-preset", "model_info", ["--preset", "llama99b"], "llama99b"),

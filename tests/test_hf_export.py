@@ -19,7 +19,6 @@ the newest transformers the range admits) runs the same child with each of them 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import json
 import os
@@ -80,8 +79,7 @@ def shrink(cfg: ModelConfig) -> ModelConfig:
         if r == 0
         else min(hd - 2, max(2, 2 * round(r / cfg.head_dim * hd / 2)))
     )
-    return dataclasses.replace(
-        cfg,
+    return cfg.replace(
         n_layers=2,
         d_model=heads * hd,
         n_heads=heads,
@@ -108,8 +106,7 @@ def shrink_keeping_heads(cfg: ModelConfig) -> ModelConfig:
     suppresses 12 ids): every architecture field of the config, at a size 76 exports afford."""
     ratio = cfg.n_heads // cfg.kv_heads
     heads = min(cfg.n_heads, max(2, ratio))
-    return dataclasses.replace(
-        cfg,
+    return cfg.replace(
         n_layers=2,
         d_model=heads * cfg.head_dim,
         n_heads=heads,
@@ -191,7 +188,7 @@ def test_every_config_shrunk_round_trips_exactly(path):
     from pretrain.hf.convert import from_hf_state_dict, to_hf_state_dict
 
     cfg = shrink(load_model_config(path))
-    cfg = dataclasses.replace(cfg, vocab_size=100, pad_vocab_to_multiple=64)
+    cfg = cfg.replace(vocab_size=100, pad_vocab_to_multiple=64)
     model = random_model(cfg, 0)
     target = choose_target(cfg)
     back = from_hf_state_dict(
@@ -764,7 +761,7 @@ def qknorm_run(tmp_path):
     """A run folder with a QK-Norm NoPE checkpoint (bytes tokenizer), its trainer state and
     evaluation results, as training and tools/evaluate.py leave them."""
     cfg = shrink(load_model_config(REPO / "configs/paper/llama1b_seq8192_rope0_qknorm.yaml"))
-    model = random_model(dataclasses.replace(cfg, vocab_size=257, pad_vocab_to_multiple=64), 7)
+    model = random_model(cfg.replace(vocab_size=257, pad_vocab_to_multiple=64), 7)
     wdir = tmp_path / "run" / "checkpoints" / "step_0000020"
     save_weights(
         model,

@@ -10,8 +10,8 @@ import torch
 from train_support import tiny_config
 
 from pretrain.config import Config, ConfigError, ModelConfig, from_dict
-from pretrain.config_checks import check_compile
 from pretrain.model import Transformer
+from pretrain.preflight import check_compile
 
 
 def test_compiled_model_gives_the_eager_loss_and_gradients():

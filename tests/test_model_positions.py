@@ -453,7 +453,7 @@ def test_kv_cache_decoding_equals_full_recomputation(name):
         (dict(sliding_window_pattern=2), "model.sliding_window_pattern needs model.sliding_window"),
         (dict(layer_types=["full"] * 4), "model.layer_types needs model.sliding_window"),
         (dict(sliding_window=4, layer_types=["full"]), "model.layer_types has 1 entries"),
-        (dict(sliding_window=4, layer_types=["full", "local"] * 2), "'full' or 'sliding'"),
+        (dict(sliding_window=4, layer_types=["full", "local"] * 2), "use one of 'full', 'sliding'"),
         (dict(sliding_window=4, sliding_window_pattern=1), "model.sliding_window_pattern=1"),
         (dict(sliding_window=4, global_rope_theta=1e6), "no layer is full attention"),
         (dict(alibi=True, attn_logit_softcap=30.0), "model.alibi with model.attn_logit_softcap"),

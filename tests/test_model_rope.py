@@ -186,7 +186,9 @@ def test_scaled_frequencies_equal_transformers(rotary):
     from pretrain.model.rope import scaled_frequencies
 
     def ours(kind, factor, seq_len=None, **kw):
-        return scaled_frequencies(rotary, 500.0, RopeScalingConfig(kind, factor, **kw), 64, seq_len)
+        return scaled_frequencies(
+            rotary, 500.0, RopeScalingConfig(type=kind, factor=factor, **kw), 64, seq_len
+        )
 
     cases = [
         (ours("linear", 4.0), _hf_frequencies("linear", 64, rotary, {"factor": 4.0})),
@@ -237,11 +239,18 @@ def test_a_factor_of_one_leaves_the_cache_bit_identical():
     plain = rope_cache(96, 16, 500.0)
     for kind in ("linear", "ntk", "yarn", "dynamic_ntk"):
         scaled = rope_cache(
-            96, 16, 500.0, scaling=RopeScalingConfig(kind, 1.0), original_len=32, seq_len=96
+            96,
+            16,
+            500.0,
+            scaling=RopeScalingConfig(type=kind, factor=1.0),
+            original_len=32,
+            seq_len=96,
         )
         assert torch.equal(scaled[0], plain[0]) and torch.equal(scaled[1], plain[1]), kind
     # and a factor above 1 does change it (the test above would pass for a no-op otherwise)
-    yarn = rope_cache(96, 16, 500.0, scaling=RopeScalingConfig("yarn", 2.0), original_len=32)
+    yarn = rope_cache(
+        96, 16, 500.0, scaling=RopeScalingConfig(type="yarn", factor=2.0), original_len=32
+    )
     assert not torch.equal(yarn[0], plain[0])
 
 
@@ -257,7 +266,7 @@ def test_dynamic_ntk_changes_only_past_the_original_length():
         n_heads=2,
         d_ff=32,
         max_seq_len=16,
-        rope_scaling=RopeScalingConfig("dynamic_ntk", 2.0),
+        rope_scaling=RopeScalingConfig(type="dynamic_ntk", factor=2.0),
     )
     rope = Transformer(cfg).rope
     plain = rope_cache(64, 16, 10000.0)

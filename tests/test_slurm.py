@@ -37,7 +37,11 @@ from train_support import LAUNCH_VARS, prepare_stdlib, run_main, tiny_config, wr
 
 REPO = Path(__file__).resolve().parents[1]
 
-from pretrain.sweep import Run, Slurm, paper_runs, render_job_script  # noqa: E402
+from pretrain.study import load_study  # noqa: E402
+from pretrain.study.fields import CONFIG_HEADER, SCRIPT_HEADER  # noqa: E402
+from pretrain.study.slurm import Slurm  # noqa: E402
+from pretrain.study.spec import Headers, Study, StudyRun  # noqa: E402
+from pretrain.study.write import render_run_script  # noqa: E402
 from pretrain.train.distributed import slurm_master_port  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -45,6 +49,39 @@ HARNESS = REPO / "tools" / "slurm_local.sh"
 ITERS = 40  # long enough to signal mid-run, short enough for CI
 HANG_STEP = 30  # well after the pre-emption (signalled once 4 steps are logged)
 HANG_TIMEOUT = 5  # seconds; a step of the tiny model takes well under 1 s on a loaded CPU
+
+
+def paper_runs() -> tuple[StudyRun, ...]:
+    return load_study(REPO / "studies" / "partial_rope.yaml").runs
+
+
+def job_script(name: str, description: str, slurm: Slurm, config: Path) -> str:
+    """The job script a study writes for one run (pretrain/study/write.py, as the paper's
+    scripts are made), here of a config outside any study, with a test cluster's header."""
+    run = StudyRun(
+        name=name,
+        labels={},
+        seed=None,
+        group=name,
+        config={},
+        config_path=str(config),
+        script_path=f"{name}.sh",
+        run_dir="",
+        job_name=name,
+        description=description,
+        slurm=slurm,
+    )
+    study = Study(
+        name=name,
+        path=config.with_suffix(".study.yaml"),
+        runs=(run,),
+        baseline=None,
+        out_dir=config.parent,
+        slurm=slurm,
+        repo=config.parent,
+        headers=Headers(CONFIG_HEADER, SCRIPT_HEADER, "Written for the Slurm tests."),
+    )
+    return render_run_script(study, run)
 
 
 def unavailable(reason: str):
@@ -233,25 +270,18 @@ def stub_job(cluster, tmp_path):
         config.write_text(f"logging: {{run_dir: {run}}}\n")
         entry = tmp_path / "stub.py"
         entry.write_text(STUB)
-        job = Run(
-            name,
-            "stub",
-            "llama1b",
-            10,
-            "fineweb",
-            slurm=Slurm(
-                nodes=2,
-                gpus_per_node=0,
-                ntasks_per_node=1,
-                cpus_per_task=None,
-                exclusive=False,
-                mem=None,
-                time="00:30:00",
-                output=f"{tmp_path}/%x-%j.out",
-            ),
+        slurm = Slurm(
+            nodes=2,
+            gpus_per_node=0,
+            ntasks_per_node=1,
+            cpus_per_task=None,
+            exclusive=False,
+            mem=None,
+            time="00:30:00",
+            output=f"{tmp_path}/%x-%j.out",
         )
         script = tmp_path / f"{name}.sh"
-        script.write_text(render_job_script(job, str(config)))
+        script.write_text(job_script(name, "stub", slurm, config))
         job_id = cluster.sbatch(script, PRETRAIN_ENTRY=str(entry))
         end = time.monotonic() + 60
         while not ((run / "started0").exists() and (run / "started1").exists()):
@@ -312,25 +342,18 @@ def jobs(cluster, tmp_path_factory):
         ),
     )
     # The same generator as the paper's scripts, with a CPU test cluster's header.
-    run = Run(
-        "tiny",
-        "tiny CPU model for the Slurm tests",
-        "llama1b",
-        10,
-        "fineweb",
-        slurm=Slurm(
-            nodes=2,
-            gpus_per_node=0,
-            ntasks_per_node=1,
-            cpus_per_task=None,
-            exclusive=False,
-            mem=None,
-            time="00:30:00",
-            output=f"{base}/%x-%j.out",
-        ),
+    slurm = Slurm(
+        nodes=2,
+        gpus_per_node=0,
+        ntasks_per_node=1,
+        cpus_per_task=None,
+        exclusive=False,
+        mem=None,
+        time="00:30:00",
+        output=f"{base}/%x-%j.out",
     )
     script = base / "tiny.sh"
-    script.write_text(render_job_script(run, str(config)))
+    script.write_text(job_script("tiny", "tiny CPU model for the Slurm tests", slurm, Path(config)))
     plain, preempted, ds = base / "plain", base / "preempted", base / "deepspeed"
     # The run folder comes in as an argument after the script, as users pass --set.
     ids = {

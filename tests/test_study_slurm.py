@@ -28,7 +28,8 @@ from train_support import stdlib_data, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-from pretrain.study.executors import select_runs, submit_to_slurm  # noqa: E402
+from pretrain.study.selection import select_runs  # noqa: E402
+from pretrain.study.slurm_submit import submit_to_slurm  # noqa: E402
 from pretrain.study.spec import load_study  # noqa: E402
 from pretrain.study.status import study_status  # noqa: E402
 from pretrain.study.write import write_study  # noqa: E402

@@ -85,11 +85,11 @@ config:
   optim: {lr: 1.0e-3}
   train: {train_iters: 10, global_batch_size: 64, micro_batch_size: 8, seq_len: 128}
   logging: {run_dir: set-by-layout}
-vars: {tokens_per_step: 8192}
 rules:
-  model.max_seq_len: train.seq_len * 2
-  train.global_batch_size: tokens_per_step / train.seq_len
+  model.max_seq_len: {train.seq_len: {64: 128, 128: 256}}
+  train.global_batch_size: {train.seq_len: {64: 128, 128: 64}}  # 8192 tokens per step
   train.micro_batch_size: {train.seq_len: {64: 16, 128: 8}}
+  train.eval_iters: train.train_iters  # a copy
 axes:
   corpus:  # keys moved together
     keys: [data.train, data.valid, model.vocab_size]
@@ -154,13 +154,14 @@ def test_every_axis_feature_expands_to_the_expected_runs(tmp_path):
     c = r.config
     assert (c["model"]["rope_theta"], c["optim"]["lr"], c["train"]["seq_len"]) == (500, 3e-4, 128)
     assert (c["train"]["seed"], c["logging"]["run_dir"]) == (2, r.run_dir)
-    # Rules: 8192 tokens / 128 = 64 sequences, the table's micro batch, max_seq_len 2 x 128.
+    # Rules: the tables' 64 sequences of 128 tokens and micro batch, max_seq_len 2 x 128, a copy.
     t = c["train"]
     assert (t["global_batch_size"], t["micro_batch_size"], c["model"]["max_seq_len"]) == (
         64,
         8,
         256,
     )
+    assert t["eval_iters"] == t["train_iters"] == 10
     assert r.slurm.time == "1:00:00" and r.slurm.ranks == 2
     # The file holds the group's run folder and the base's seed; paths from its own folder.
     assert r.config_file["inherit"] == {"model": "../models/gpt_char.yaml"}
@@ -193,7 +194,7 @@ def test_every_axis_feature_expands_to_the_expected_runs(tmp_path):
 def test_a_study_without_slurm_or_axes_is_one_run(tmp_path):
     repo = checkout(tmp_path)
     data = yaml.safe_load(EVERY_FEATURE)
-    for k in ("axes", "grids", "exclude", "seeds", "baseline", "slurm", "layout", "rules", "vars"):
+    for k in ("axes", "grids", "exclude", "seeds", "baseline", "slurm", "layout", "rules"):
         del data[k]
     (run,) = load_study(write_study_file(repo, data, "solo")).runs
     assert (run.name, run.script_path, run.config_path) == (
@@ -321,8 +322,8 @@ REFUSALS = [
     (
         "rule-unknown-name",
         _set("rules", {"train.global_batch_size": "tokens / train.seq_len"}),
-        "rule train.global_batch_size: 'tokens / train.seq_len': tokens is neither a var",
-        "write arithmetic over config keys and vars",
+        "rule train.global_batch_size: unknown config key tokens / train.seq_len",
+        "a rule copies another config key, or looks its value up in a table",
     ),
     (
         "rule-table-miss",
@@ -332,9 +333,7 @@ REFUSALS = [
     ),
     (
         "rule-not-whole",
-        lambda d: d.update(
-            vars={"tokens": 1000}, rules={"train.global_batch_size": "tokens / train.seq_len"}
-        ),
+        _set("rules", {"train.global_batch_size": {"train.seq_len": {64: 15.625}}}),
         "run theta500_lrhi_s1 (rule train.global_batch_size): train.global_batch_size=15.625 must be an integer",
         "fix the rule",
     ),

@@ -162,7 +162,7 @@ def test_wandb_missing_is_one_line(tmp_path, capsys, monkeypatch):
     import importlib.util
 
     from pretrain.config import Config, WandbConfig
-    from pretrain.config_checks import check_wandb
+    from pretrain.preflight import check_wandb
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

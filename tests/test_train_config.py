@@ -9,8 +9,7 @@ import yaml
 from train_support import REPO, tiny_config, write_config
 
 from pretrain.cli.train import main
-from pretrain.config import Config, from_dict, load_config
-from pretrain.config_checks import grad_accum_steps
+from pretrain.config import Config, from_dict, grad_accum_steps, load_config
 from pretrain.train.engine import deepspeed_config
 
 

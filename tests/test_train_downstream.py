@@ -14,7 +14,7 @@ from conftest import shared_path
 from train_support import baseline_run, metrics, run_main, tiny_config, write_config
 
 from pretrain.config import Config, ConfigError, from_dict
-from pretrain.config_checks import check_downstream
+from pretrain.preflight import check_downstream_data
 
 TASKS = ["piqa", "arc_easy", "lambada_openai"]
 EXAMPLES = 6
@@ -125,14 +125,18 @@ def _cfg(**downstream) -> Config:
 
 def test_unknown_task_and_missing_data_are_refused_with_the_fix(tmp_path):
     evals = str(shared_path("evals"))
+    # What the file decides (the task's name, a data folder named) is refused as it is read;
+    # whether this machine holds the data is the preflight's.
     with pytest.raises(ConfigError, match=r"unknown task 'piqq'.*tasks with local data"):
-        check_downstream(_cfg(tasks=["piqa", "piqq"], data_dir=evals))
+        _cfg(tasks=["piqa", "piqq"], data_dir=evals)
     (tmp_path / "piqa_validation.jsonl").write_text("{}\n")
     with pytest.raises(ConfigError, match=r"task arc_easy: no data file .* leave arc_easy out"):
-        check_downstream(_cfg(tasks=["piqa", "arc_easy"], data_dir=str(tmp_path)))
+        check_downstream_data(_cfg(tasks=["piqa", "arc_easy"], data_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="downstream.data_dir is not set"):
-        check_downstream(_cfg(tasks=["piqa"]))
-    check_downstream(_cfg())  # off: nothing to check
+        check_downstream_data(_cfg(tasks=["piqa"]))
+    with pytest.raises(ConfigError, match="is not a folder on this machine"):
+        check_downstream_data(_cfg(tasks=["piqa"], data_dir=str(tmp_path / "nowhere")))
+    check_downstream_data(_cfg())  # off: nothing to check
 
 
 def test_a_task_longer_than_the_context_is_refused_before_the_first_step(

@@ -13,8 +13,8 @@ import torch
 from train_support import stdlib_data, tiny_config
 
 from pretrain.config import Config, ConfigError, ModelConfig, from_dict
-from pretrain.config_checks import check_fp8
 from pretrain.model.transformer import Transformer
+from pretrain.preflight import check_fp8
 from pretrain.run_layout import read_metrics
 from pretrain.train.fp8 import convert_to_fp8, fp8_layers
 from pretrain.train.trainer import Trainer

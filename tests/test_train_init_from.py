@@ -64,14 +64,14 @@ def test_step0_loss_equals_the_source_models_loss_on_the_same_batch(tmp_path_fac
 def test_a_different_shape_is_one_line_naming_the_fields(tmp_path_factory, tmp_path):
     _, source = baseline_run(tmp_path_factory)
     base = from_dict(Config, tiny_config(tmp_path, tmp_path)).model
-    wider = dataclasses.replace(base, d_model=64, n_layers=3)
+    wider = base.replace(d_model=64, n_layers=3)
     with pytest.raises(WeightsError) as e:
         init_from_source(str(source), wider)
     msg = str(e.value)
     assert "model.n_layers 2 -> 3" in msg and "model.d_model 32 -> 64" in msg
     assert "\n" not in msg
     # positions, theta and scaling may change
-    longer = dataclasses.replace(base, max_seq_len=128, rope_theta=5e5)
+    longer = base.replace(max_seq_len=128, rope_theta=5e5)
     folder, cfg = init_from_source(f"{source}@6", longer)
     assert folder.name.endswith("6") and isinstance(cfg, ModelConfig)
     with pytest.raises(WeightsError, match="init_from='nowhere@3'"):

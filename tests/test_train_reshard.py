@@ -21,8 +21,7 @@ from train_support import (
     write_config,
 )
 
-from pretrain.config import ConfigError, load_config
-from pretrain.config_checks import grad_accum_steps
+from pretrain.config import ConfigError, grad_accum_steps, load_config
 from pretrain.run_layout import TMP_SUFFIX, UNIVERSAL_DIR
 from pretrain.train.reshard import saved_ranks, universal_ready
 

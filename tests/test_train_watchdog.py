@@ -24,7 +24,7 @@ from torch.distributed import TCPStore
 from train_support import REPO, start_ranks, stdlib_data, tiny_config, write_config
 
 from pretrain.config import Config, ConfigError, from_dict
-from pretrain.config_checks import check_run
+from pretrain.preflight import preflight
 from pretrain.run_layout import RunLayout
 from pretrain.train.trainer import EXIT_HUNG
 from pretrain.train.watchdog import Watchdog, ranks_text
@@ -301,9 +301,9 @@ def test_rank_lists_stay_short():
     ],
 )
 def test_bad_watchdog_settings_name_the_field(tmp_path, sections, message):
-    cfg = from_dict(Config, tiny_config(tmp_path / "run", tmp_path, **sections))
-    with pytest.raises(ConfigError) as e:
-        check_run(cfg, 2, check_data=False)
+    with pytest.raises(ConfigError) as e:  # as the config is read, or at start (the rank)
+        cfg = from_dict(Config, tiny_config(tmp_path / "run", tmp_path, **sections))
+        preflight(cfg, 2, check_data=False)
     assert message in str(e.value)
 
 

@@ -11,7 +11,6 @@ with the formula, so the table cannot drift from the code.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import math
 from collections.abc import Callable, Sequence
@@ -372,8 +371,7 @@ def format_spectrum_table(rows: list[SpectrumRow], head_dim: int, theta: float) 
 
 def _small_variant(cfg: ModelConfig) -> ModelConfig:
     """Same head_dim, rotary dims, theta and max_seq_len, one head and tiny widths: cheap on CPU."""
-    return dataclasses.replace(
-        cfg,
+    return cfg.replace(
         n_layers=2,
         n_heads=1,
         n_kv_heads=None,
@@ -412,7 +410,7 @@ def check_presets(
         for f in fractions:
             if f > 0 and rotary_dims_from_fraction(f, base.head_dim) == 0:
                 continue  # the config refuses it (0 dims); nothing to build
-            cfg = dataclasses.replace(base, rope_fraction=f, rotary_dims=None)
+            cfg = base.replace(rope_fraction=f, rotary_dims=None)
             variants.append((f"{preset} rope_fraction={f:g}", cfg))
         for name, cfg in variants:
             results.extend(check_cache_formula(cfg, name, formula))

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from pretrain.analysis.presets import preset_path
-from pretrain.config import ModelConfig, load_model_config
+from pretrain.config import load_model_config
 from pretrain.model import Transformer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,11 +158,7 @@ def _model(args):
     if args.max_seq_len:
         over["max_seq_len"] = args.max_seq_len
     if over:
-        from dataclasses import asdict
-
-        d = asdict(cfg)
-        d.update(over)
-        cfg = ModelConfig(**d)
+        cfg = cfg.replace(**over)
     torch.manual_seed(0)
     return Transformer(cfg)
 

@@ -160,8 +160,7 @@ def small_config(
     """The preset's kind of block at a CPU-friendly size, with its head_dim (so its rotary dims)."""
     d_model = heads * preset.head_dim
     kv = None if preset.n_kv_heads is None else max(1, heads * preset.kv_heads // preset.n_heads)
-    return dataclasses.replace(
-        preset,
+    return preset.replace(
         n_layers=layers,
         n_heads=heads,
         n_kv_heads=kv,
@@ -192,7 +191,7 @@ def build_variants(
     variants = []
     for fraction in fractions:
         for theta in thetas:
-            c = dataclasses.replace(cfg, rope_theta=theta, rope_fraction=fraction, rotary_dims=None)
+            c = cfg.replace(rope_theta=theta, rope_fraction=fraction, rotary_dims=None)
             with torch.device("meta"):
                 m = Transformer(c)
             m.load_state_dict(state, strict=True, assign=True)  # same storage, no copy
@@ -447,7 +446,7 @@ def run_cpu(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "clock": args.clock,
         "preset": args.preset,
-        "model": dataclasses.asdict(cfg),
+        "model": cfg.model_dump(),
         "batch": args.batch,
         "seq_len": args.seq_len,
         "results": [
@@ -469,8 +468,8 @@ def run_gpu(args: argparse.Namespace, device: torch.device | None = None) -> dic
     out = {"device": torch.cuda.get_device_name(), "peak_tflops": args.peak_tflops, "presets": {}}
     B, T = args.gpu_batch, args.gpu_seq_len
     for name in [n.strip() for n in args.gpu_presets.split(",") if n.strip()]:
-        cfg = dataclasses.replace(
-            load_preset(name), max_seq_len=max(T, load_preset(name).max_seq_len), dropout=0.0
+        cfg = load_preset(name).replace(
+            max_seq_len=max(T, load_preset(name).max_seq_len), dropout=0.0
         )
         variants = build_variants(
             cfg, args.thetas, args.fractions, device, torch.bfloat16, args.seed

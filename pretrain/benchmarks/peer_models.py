@@ -195,7 +195,7 @@ def variant(base: nn.Module, **changes) -> nn.Module:
     """Our model with other RoPE/QK-Norm settings and the base's weights (copied: each
     variant has its own optimizer state and steps). QK-Norm's new weights start at one."""
 
-    cfg = dataclasses.replace(base.cfg, **changes)
+    cfg = base.cfg.replace(**changes)
     model = Transformer(cfg)
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     if unexpected or any("_norm" not in k for k in missing):

@@ -21,7 +21,7 @@ from pretrain.planner.gpus import DEFAULT_MFU, GiB, parse_gpu
 from pretrain.planner.paper import PAPER_PLAN, paper_plan, paper_table
 from pretrain.planner.search import Plan, choose, largest_micro_batch, plan_run
 from pretrain.planner.validation import VALIDATION_TOLERANCE, cpu_kernel_path, validate
-from pretrain.sweep import paper_runs
+from pretrain.study.spec import load_study
 
 
 def _h(seconds: float) -> str:
@@ -103,7 +103,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--paper",
         action="store_true",
-        help="plan every paper run (pretrain/sweep.py) and print docs/performance.md's table",
+        help="plan every run of studies/partial_rope.yaml (the paper) and print "
+        "docs/performance.md's table",
     )
     ap.add_argument(
         "--tokens-per-step",
@@ -113,7 +114,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--write",
         action="store_true",
-        help=f"with --paper: write the plans to {PAPER_PLAN.name} (read by the sweep)",
+        help=f"with --paper: write the plans to {PAPER_PLAN.name} (the study's plan_file: each "
+        "job's --time)",
     )
     args = ap.parse_args(argv)
     if args.validate:
@@ -173,7 +175,8 @@ def _main_plan(args) -> int:
 
 def _main_paper(args) -> int:
     repo = Path(__file__).resolve().parents[2]
-    configs = [repo / run.config_path for run in paper_runs()]
+    runs = load_study(repo / "studies" / "partial_rope.yaml").runs
+    configs = [repo / run.config_path for run in runs]
     out = PAPER_PLAN if args.write else None
     rows = paper_plan(
         configs, args.gpus, args.mfu, args.overrides, out, sys.stderr, args.tokens_per_step

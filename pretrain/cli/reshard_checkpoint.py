@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.config_checks import world_sizes_for
+from pretrain.config import world_sizes_for
 from pretrain.integrity import verify_checkpoint
 from pretrain.run_layout import CHECKPOINTS_DIR, LATEST_FILE, UNIVERSAL_DIR, step_tag
 from pretrain.train.checkpoint import CheckpointError, complete_tags, is_complete, read_state

@@ -1,5 +1,6 @@
 """`study submit`, `study status` and `study report`: the half of pretrain/cli/study.py that
-runs a study and reads it back (pretrain/study/executors.py, status.py, report.py).
+runs a study and reads it back (pretrain/study/selection.py, slurm_submit.py,
+local_executor.py, status.py, report.py).
 
     python tools/study.py submit studies/NAME.yaml [--max-running N] [--only AXIS=LABEL] [--eval]
     python tools/study.py submit studies/NAME.yaml --executor local --parallel 2
@@ -14,16 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from pretrain.study.executors import (
-    EVAL_ARGS_ENV,
-    eval_arguments,
-    local_gpus,
-    run_locally,
-    select_runs,
-    submit_to_slurm,
-)
 from pretrain.study.records import StudyUsageError
-from pretrain.study.report import parse_baseline, write_study_report
+from pretrain.study.selection import EVAL_ARGS_ENV, eval_arguments, select_runs
 from pretrain.study.spec import Study
 from pretrain.study.status import STATES, format_status_table, study_status
 
@@ -160,7 +153,13 @@ def add_runtime_commands(sub: argparse._SubParsersAction) -> None:
 def run_runtime_command(args: argparse.Namespace, study: Study) -> int:
     """Run submit, status or report; the program's exit code."""
     repo = Path(study.repo)
+    if args.command == "status":
+        return _status(study, repo, args.watch, False if args.no_slurm else None)
+    # Late, so that `status` (and write, list) load neither the trainer's launch nor plots.
     if args.command == "submit":
+        from pretrain.study.local_executor import local_gpus, run_locally
+        from pretrain.study.slurm_submit import submit_to_slurm
+
         runs = select_runs(study, args.only)
         eval_args = eval_arguments(args.eval_args)
         if args.executor == "local":
@@ -195,8 +194,8 @@ def run_runtime_command(args: argparse.Namespace, study: Study) -> int:
             echo=_echo,
         )
         return 0
-    if args.command == "status":
-        return _status(study, repo, args.watch, False if args.no_slurm else None)
+    from pretrain.study.report import parse_baseline, write_study_report
+
     baseline = parse_baseline(args.baseline)
     if args.per_octave < 0:
         raise StudyUsageError(f"--per-octave {args.per_octave}: give 0 or more")

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from pretrain.config import Config
-from pretrain.config_checks import check_data_paths, check_vocab
+from pretrain.data.config import check_data_paths, check_vocab
 from pretrain.data.recipes import prepare_stdlib_corpus
 
 
@@ -95,9 +95,9 @@ def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     """megatron-core indexed datasets through pretrain.data.dataset, and their tokenizer."""
     from pretrain.data import dataset
 
-    if cfg.data.recipe is not None:  # check_run checked the paths of prepared data
+    if cfg.data.recipe is not None:  # the preflight checked the paths of prepared data
         prepare_recipe_data(cfg, env)
-        check_data_paths(cfg)
+        check_data_paths(cfg.data)
     t = cfg.train
     if env.is_main:
         print(
@@ -109,7 +109,7 @@ def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
         cfg.data, cfg.seq_len, t.seed, t.train_iters * t.global_batch_size, valid_samples
     )
     tokenizer = dataset.tokenizer_for_data(cfg.data)
-    check_vocab(cfg, tokenizer.vocab_size)
+    check_vocab(cfg.model.vocab_size, tokenizer.vocab_size)
     return DataSource(train, valid, dataset.make_loader, tokenizer)
 
 

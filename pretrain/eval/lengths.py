@@ -3,7 +3,6 @@ checks they need (suite.evaluate_lengths runs them; pretrain/eval/positions.py m
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -84,9 +83,9 @@ def scaling_tag(scaling: RopeScalingConfig | None) -> str:
         return ""
     tag = f"{scaling.type}{scaling.factor:g}".replace(".", "p")
     rest = {
-        f.name: getattr(scaling, f.name)
-        for f in dataclasses.fields(scaling)
-        if f.name not in ("type", "factor") and getattr(scaling, f.name) != f.default
+        name: getattr(scaling, name)
+        for name, f in type(scaling).model_fields.items()
+        if name not in ("type", "factor") and getattr(scaling, name) != f.default
     }
     if rest:
         tag += "-" + hashlib.sha1(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:6]

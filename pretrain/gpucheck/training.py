@@ -16,7 +16,6 @@ everything else runs as on a GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import statistics
 import time
@@ -244,7 +243,7 @@ def measure_run(
     meter.clean()
     probe = Probe(meter, warmup, timed, profile_step, eval_forward=cfg.train.compile is False)
     steps = warmup + timed + (1 if profile_step else 0)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, train_iters=steps))
+    cfg = cfg.replace(train=cfg.train.replace(train_iters=steps))
     n = steps * cfg.train.global_batch_size
     data = DataSource(RandomTokens(n, cfg.seq_len, cfg.model.vocab_size), None, make_loader)
     trainer = Trainer(cfg, data, callbacks=[probe], save_checkpoints=False)

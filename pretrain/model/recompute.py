@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pretrain.config import ConfigError
+from pretrain.schema import ConfigError
 
 KEY = "train.activation_checkpointing"
 AUTO = "auto"

@@ -7,7 +7,6 @@ Parameter names (used by checkpoints and the Hugging Face converters):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -85,7 +84,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        cfg.validate()
+        cfg.check()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.learned_pos_emb else None
@@ -281,7 +280,7 @@ class Transformer(nn.Module):
     def set_rope_scaling(self, scaling: RopeScalingConfig | None) -> None:
         """Evaluate with another RoPE scaling (or none): the config and the cos/sin cache
         change, the weights do not."""
-        cfg = dataclasses.replace(self.cfg, rope_scaling=scaling)  # validates
+        cfg = self.cfg.replace(rope_scaling=scaling)  # validates
         self.cfg = cfg
         self.rope = Positions.from_config(cfg).to(self.rope.cos.device)
 

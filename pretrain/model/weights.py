@@ -11,7 +11,6 @@ Files are written to a temporary name and renamed, so a crash never leaves half 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -210,9 +209,9 @@ def init_from_source(spec: str, target: ModelConfig) -> tuple[Path, ModelConfig]
         raise WeightsError(f"checkpoint.init_from={spec!r}: {e}") from None
     source = from_dict(ModelConfig, read_config(folder).get("model"), "model")
     changed = [
-        f"model.{f.name} {getattr(source, f.name)!r} -> {getattr(target, f.name)!r}"
-        for f in dataclasses.fields(ModelConfig)
-        if f.name not in INIT_FROM_FREE and getattr(source, f.name) != getattr(target, f.name)
+        f"model.{name} {getattr(source, name)!r} -> {getattr(target, name)!r}"
+        for name in ModelConfig.model_fields
+        if name not in INIT_FROM_FREE and getattr(source, name) != getattr(target, name)
     ]
     if source.learned_pos_emb and source.max_seq_len != target.max_seq_len:
         changed.append(

@@ -42,65 +42,68 @@ free of c10's CPU allocator with the running total), after a warm-up step.
 
 from __future__ import annotations
 
-from pretrain.planner.compiled import compiled_extra_bytes
-from pretrain.planner.deepspeed_buffers import (
-    DeepSpeedMemory,
-    deepspeed_memory,
-)
-from pretrain.planner.gpus import (
-    CUBLAS_WORKSPACE,
-    DEFAULT_MFU,
-    GPU,
-    GPUS,
-    MIN_MICRO_TOKENS,
-    REDUCE_BUCKET,
-    GiB,
-    default_reserve,
-    parse_gpu,
-)
-from pretrain.planner.paper import (
-    PAPER_PLAN,
-    SLURM_MARGIN,
-    SLURM_MAX_HOURS,
-    paper_plan,
-    paper_table,
-    plan_paper_run,
-    slurm_hours,
-    time_limit_hours,
-)
-from pretrain.planner.search import (
-    Plan,
-    choose,
-    compiled_step_fits,
-    flops_per_token,
-    largest_micro_batch,
-    least_recompute,
-    micro_batch_candidates,
-    plan_run,
-    resolve_activation_checkpointing,
-)
-from pretrain.planner.trace import (
-    LiveTensors,
-    Trace,
-    cpu_kernel_workspace,
-    trace_eval,
-    trace_step,
-    trace_train,
-)
-from pretrain.planner.validation import (
-    LAST_MEASUREMENT,
-    VALIDATION_SHAPES,
-    VALIDATION_TOLERANCE,
-    Validation,
-    allocated_over_time,
-    cpu_kernel_path,
-    live_at,
-    measure_cpu_step,
-    one_rank_all_reduce_inline,
-    pinned_cpu_kernels,
-    validate,
-    validation_config,
-)
+import importlib
+from typing import Any
+
+# Name -> the module that defines it. The package loads a module only when one of its names
+# is asked for: `pretrain.planner.gpus` (the GPUs, DEFAULT_MFU) stays light, while the
+# tracer (torch) loads with the first trace.
+_LAZY = {
+    "compiled_extra_bytes": "pretrain.planner.compiled",
+    "DeepSpeedMemory": "pretrain.planner.deepspeed_buffers",
+    "deepspeed_memory": "pretrain.planner.deepspeed_buffers",
+    "CUBLAS_WORKSPACE": "pretrain.planner.gpus",
+    "DEFAULT_MFU": "pretrain.planner.gpus",
+    "GPU": "pretrain.planner.gpus",
+    "GPUS": "pretrain.planner.gpus",
+    "MIN_MICRO_TOKENS": "pretrain.planner.gpus",
+    "REDUCE_BUCKET": "pretrain.planner.gpus",
+    "GiB": "pretrain.planner.gpus",
+    "default_reserve": "pretrain.planner.gpus",
+    "parse_gpu": "pretrain.planner.gpus",
+    "PAPER_PLAN": "pretrain.planner.paper",
+    "paper_plan": "pretrain.planner.paper",
+    "paper_table": "pretrain.planner.paper",
+    "plan_paper_run": "pretrain.planner.paper",
+    "slurm_hours": "pretrain.planner.paper",
+    "Plan": "pretrain.planner.search",
+    "choose": "pretrain.planner.search",
+    "compiled_step_fits": "pretrain.planner.search",
+    "flops_per_token": "pretrain.planner.search",
+    "largest_micro_batch": "pretrain.planner.search",
+    "least_recompute": "pretrain.planner.search",
+    "micro_batch_candidates": "pretrain.planner.search",
+    "plan_run": "pretrain.planner.search",
+    "resolve_activation_checkpointing": "pretrain.planner.search",
+    "LiveTensors": "pretrain.planner.trace",
+    "Trace": "pretrain.planner.trace",
+    "cpu_kernel_workspace": "pretrain.planner.trace",
+    "trace_eval": "pretrain.planner.trace",
+    "trace_step": "pretrain.planner.trace",
+    "trace_train": "pretrain.planner.trace",
+    "LAST_MEASUREMENT": "pretrain.planner.validation",
+    "VALIDATION_SHAPES": "pretrain.planner.validation",
+    "VALIDATION_TOLERANCE": "pretrain.planner.validation",
+    "Validation": "pretrain.planner.validation",
+    "allocated_over_time": "pretrain.planner.validation",
+    "cpu_kernel_path": "pretrain.planner.validation",
+    "live_at": "pretrain.planner.validation",
+    "measure_cpu_step": "pretrain.planner.validation",
+    "one_rank_all_reduce_inline": "pretrain.planner.validation",
+    "pinned_cpu_kernels": "pretrain.planner.validation",
+    "validate": "pretrain.planner.validation",
+    "validation_config": "pretrain.planner.validation",
+    "SLURM_MARGIN": "pretrain.slurm_limits",
+    "SLURM_MAX_HOURS": "pretrain.slurm_limits",
+    "time_limit_hours": "pretrain.slurm_limits",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'pretrain.planner' has no attribute {name!r}")
+
 
 __all__ = [
     "CUBLAS_WORKSPACE",

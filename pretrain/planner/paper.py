@@ -5,7 +5,6 @@ docs/performance.md (`pretrain-plan --paper`).
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,16 +15,9 @@ from pretrain.planner.downstream import DownstreamCost, downstream_cost
 from pretrain.planner.gpus import DEFAULT_MFU, GPUS, GiB
 from pretrain.planner.search import Plan, choose, plan_run
 from pretrain.run_layout import atomic_write
+from pretrain.slurm_limits import time_limit_hours
 
 PAPER_PLAN = Path(__file__).parent.parent / "sweep_plan.json"  # written by `plan --paper --write`
-SLURM_MAX_HOURS = 48  # longest job the generated scripts ask for; longer runs requeue
-SLURM_MARGIN = 1.25  # on top of the planned run time, plus half an hour for start and saves
-
-
-def time_limit_hours(executed_run_hours: float) -> int:
-    """Hours for a run's `#SBATCH --time`: its run time on *executed* FLOPs (recompute costs
-    time) x SLURM_MARGIN + 0.5 h, rounded up, at most SLURM_MAX_HOURS."""
-    return min(SLURM_MAX_HOURS, math.ceil(executed_run_hours * SLURM_MARGIN + 0.5))
 
 
 def slurm_hours(plan: Plan, mfu: float = DEFAULT_MFU) -> int:

@@ -5,7 +5,6 @@ profiled, against the plan for the CPU.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -264,7 +263,7 @@ def measure_cpu_step(cfg: Config, steps: int = 2) -> tuple[int, int]:
     gas = grad_accum_steps(cfg, 1)
     # The CPU plan models the optimizer DeepSpeed builds itself (torch's single-tensor AdamW):
     # measure that path, whatever optim.impl the config asks for.
-    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, impl="deepspeed"))
+    cfg = cfg.replace(optim=cfg.optim.replace(impl="deepspeed"))
     engine_args = {"config": deepspeed_config(cfg, 1, device), "dist_init_required": False}
     gen = torch.Generator().manual_seed(0)
     shape = (t.micro_batch_size, cfg.seq_len)

@@ -6,19 +6,92 @@ plans one config: the real model on fake tensors, DeepSpeed's buffers added, the
 reserve kept free. Runs that differ only in their seed or run folder are traced once. Time is
 the run's executed FLOPs (recompute included) at `mfu` of the GPU's peak, as the paper's Slurm
 time limits are (pretrain/planner/paper.py).
+
+What a trace gives (PlanFigures) is kept in the study's plan cache, studies/NAME/plan_cache/,
+one JSON file per trace named by the sha256 of what the trace depends on: the resolved config
+without seed and run folder, the GPUs, the GPU, the planner's version (PLAN_CACHE_VERSION, the
+torch version and the source of the code the trace runs) and, with a document mask, the share
+of attention pairs measured on this machine's data. Planning again traces only what changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
+import pretrain
 from pretrain.config import Config, from_dict
 from pretrain.model.recompute import describe_recompute
-from pretrain.planner.gpus import DEFAULT_MFU, GiB, parse_gpu
-from pretrain.planner.search import Plan, plan_run
+from pretrain.planner.gpus import DEFAULT_MFU, GPU, GiB, parse_gpu
+from pretrain.planner.search import Plan, document_fraction, plan_run
+from pretrain.run_layout import atomic_write
 from pretrain.study.spec import Study, StudyRun
+
+# Bump when what a trace gives changes in a way the planner's source files do not show (or
+# PlanFigures changes): every plan cache entry written before is then a miss.
+PLAN_CACHE_VERSION = 1
+PLAN_CACHE_DIR = "plan_cache"  # under the study's folder, studies/NAME/
+# The code a trace runs, relative to pretrain/ (its folders, and the modules beside them: the
+# configs): a change to any of it retraces every run.
+_PLANNER_SOURCES = ("planner", "model", "train", "data", "*.py")
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """What plan_rows reads of a Plan (pretrain/planner/search.py), small enough to cache."""
+
+    n_params: int
+    tokens_per_step: int
+    steps: int
+    micro_batch: int
+    grad_accum: int
+    layers: int  # recomputed blocks
+    n_layers: int
+    peak: int  # bytes per GPU
+    fits: bool
+    recompute_ratio: float  # executed / model FLOPs
+    full_mfu_seconds: float  # Plan.run_time(1.0): the run's model FLOPs at the GPUs' peak
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanFigures:
+        return cls(
+            n_params=plan.n_params,
+            tokens_per_step=plan.tokens_per_step,
+            steps=plan.steps,
+            micro_batch=plan.micro_batch,
+            grad_accum=plan.grad_accum,
+            layers=plan.layers,
+            n_layers=plan.n_layers,
+            peak=plan.peak,
+            fits=plan.fits,
+            recompute_ratio=plan.recompute_ratio,
+            full_mfu_seconds=plan.run_time(1.0),
+        )
+
+    def run_time(self, mfu: float) -> float:
+        """Plan.run_time(mfu): seconds of the run's model FLOPs at `mfu` (inversely so)."""
+        return self.full_mfu_seconds / mfu
+
+    @classmethod
+    def from_json(cls, data: Any) -> PlanFigures:
+        """The figures a cache entry holds; ValueError where it holds anything else."""
+        kinds = {"int": (int,), "bool": (bool,), "float": (int, float)}
+        fields = {f.name: kinds[str(f.type)] for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) != set(fields):
+            raise ValueError("not the fields of PlanFigures")
+        for name, kind in fields.items():
+            value = data[name]
+            if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind):
+                raise ValueError(f"{name}: {value!r} is not a {kind[-1].__name__}")
+        return cls(**data)
 
 
 def _trace_key(run: StudyRun, ranks: int) -> str:
@@ -29,6 +102,67 @@ def _trace_key(run: StudyRun, ranks: int) -> str:
     return json.dumps([config, ranks], sort_keys=True)
 
 
+@functools.cache
+def _planner_stamp() -> dict[str, Any]:
+    """The planner's version: the constant, torch's, and the sha256 of the source it runs
+    (read once per process: the code that was imported is the code that traces)."""
+    root = Path(pretrain.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for pattern in _PLANNER_SOURCES:
+        path = root / pattern
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else sorted(root.glob(pattern)):
+            digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes() + b"\0")
+    return {
+        "version": PLAN_CACHE_VERSION,
+        "torch": torch.__version__,
+        "source": digest.hexdigest(),
+    }
+
+
+def _cache_key(trace_key: str, cfg: Config, device: GPU) -> str:
+    """The sha256 of all a trace depends on: the config and GPUs (`_trace_key`), the GPU, the
+    planner's version and, with a document mask, the attention share measured on the data
+    here (its executed FLOPs; pretrain/planner/search.py document_fraction)."""
+    documents = document_fraction(cfg)[0] if cfg.data.document_mask else None
+    material = {
+        "trace": trace_key,
+        "gpu": dataclasses.asdict(device),
+        "planner": _planner_stamp(),
+        "documents": documents,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _read_cached(path: Path) -> PlanFigures | None:
+    """The figures of a cache entry; None when it is missing, unreadable or corrupt (a miss:
+    the run is traced again and the entry rewritten)."""
+    try:
+        return PlanFigures.from_json(json.loads(path.read_text(encoding="utf-8"))["figures"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cached(path: Path, figures: PlanFigures, run: StudyRun, device: GPU) -> None:
+    entry = {
+        "run": run.name,  # the first run traced with this key: for a reader, not a check
+        "gpu": device.name,
+        "planner": _planner_stamp(),
+        "figures": dataclasses.asdict(figures),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # No fsync: an entry a crash loses or leaves empty is only a miss.
+    atomic_write(path, json.dumps(entry, indent=1) + "\n", fsync=False)
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working folder where it is under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _ranks(run: StudyRun) -> tuple[int, str]:
     if run.slurm is None:
         return 1, "1 x 1"
@@ -36,23 +170,47 @@ def _ranks(run: StudyRun) -> tuple[int, str]:
 
 
 def plan_rows(
-    study: Study, gpu: str | None = None, mfu: float = DEFAULT_MFU, log: TextIO | None = None
+    study: Study,
+    gpu: str | None = None,
+    mfu: float = DEFAULT_MFU,
+    log: TextIO | None = None,
+    cache: bool = True,
+    fresh: bool = False,
 ) -> list[dict[str, Any]]:
-    """One row per run of the study on `gpu` (h100, h200; default: the study's `gpu:`)."""
+    """One row per run of the study on `gpu` (h100, h200; default: the study's `gpu:`).
+
+    `cache`: reuse the traces kept in studies/NAME/plan_cache/ and keep the new ones there;
+    `fresh`: trace every run again (its traces still replace the cache's entries)."""
     device = parse_gpu(gpu or study.gpu)
-    plans: dict[str, Plan] = {}
+    cache_dir = study.out_dir / PLAN_CACHE_DIR
+    plans: dict[str, PlanFigures] = {}
+    from_cache: set[str] = set()
+    cached_runs = 0
+    unwritable: OSError | None = None
     rows = []
     for run in study.runs:
         ranks, layout = _ranks(run)
-        key = _trace_key(run, ranks)
+        cfg = from_dict(Config, run.config)
+        key = _cache_key(_trace_key(run, ranks), cfg, device)
+        entry = cache_dir / f"{key}.json"
+        if key not in plans and cache and not fresh:
+            figures = _read_cached(entry)
+            if figures is not None:
+                plans[key] = figures
+                from_cache.add(key)
         if key not in plans:
             t0 = time.perf_counter()
-            cfg = from_dict(Config, run.config)
-            plans[key] = plan_run(cfg, device, ranks, name=run.name)
+            plans[key] = PlanFigures.of(plan_run(cfg, device, ranks, name=run.name))
             if log is not None:
                 print(
                     f"planned {run.name} in {time.perf_counter() - t0:.0f} s", file=log, flush=True
                 )
+            if cache:
+                try:
+                    _write_cached(entry, plans[key], run, device)
+                except OSError as e:  # a read-only checkout still plans
+                    unwritable = e
+        cached_runs += key in from_cache
         p = plans[key]
         wall_h = p.run_time(mfu) * p.recompute_ratio / 3600
         rows.append(
@@ -78,6 +236,15 @@ def plan_rows(
                 "slurm_time": run.slurm.time if run.slurm is not None else None,
             }
         )
+    if log is not None and cached_runs:
+        print(
+            f"{cached_runs} of {len(rows)} runs from the plan cache ({_shown(cache_dir)}; "
+            "--fresh traces them again)",
+            file=log,
+            flush=True,
+        )
+    if log is not None and unwritable is not None:
+        print(f"the plan cache is not kept: {unwritable}", file=log, flush=True)
     return rows
 
 
@@ -155,4 +322,11 @@ def format_plan_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([head, line(table[0]), *map(line, table[1:-1]), line(table[-1])])
 
 
-__all__ = ["PLAN_COLUMNS", "format_plan_table", "plan_rows"]
+__all__ = [
+    "PLAN_CACHE_DIR",
+    "PLAN_CACHE_VERSION",
+    "PLAN_COLUMNS",
+    "PlanFigures",
+    "format_plan_table",
+    "plan_rows",
+]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import ConfigDict, Field
+
+from pretrain.schema import Bool, Int, Section
+from pretrain.slurm_limits import SLURM_MARGIN, SLURM_MAX_HOURS, time_limit_hours, time_limit_s
 
 # The header's log path when nothing else is asked for; a job array's tasks get their own log
 # each (%A: the array's job id, %a: the task), which this default cannot tell apart by name.
@@ -10,34 +13,34 @@ DEFAULT_OUTPUT = "slurm/logs/%x-%j.out"
 ARRAY_OUTPUT = "slurm/logs/%x-%A_%a.out"
 
 
-def time_limit_s(text: str) -> int:
-    """Seconds of a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:  # after "D-" the clock starts with hours
-        h, m, s = (parts + [0, 0])[:3]
-        return int(days) * 86400 + h * 3600 + m * 60 + s
-    if len(parts) == 1:
-        return parts[0] * 60
-    return sum(p * 60**i for i, p in enumerate(reversed(parts)))
-
-
-@dataclass(frozen=True)
-class Slurm:
+class Slurm(Section):
     """The #SBATCH header of a job script. Cluster-specific options (partition, account,
     QoS) are left out on purpose: give them with SBATCH_PARTITION / SBATCH_ACCOUNT in the
     environment or on the sbatch command line (docs/slurm.md)."""
 
-    nodes: int = 4
-    gpus_per_node: int = 8  # 0: CPU nodes (gloo); tasks per node then come from ntasks_per_node
-    ntasks_per_node: int | None = None  # None: one task per GPU
-    cpus_per_task: int | None = 8  # data loader workers need cores; many sites bind tasks
-    time: str = "24:00:00"  # per job; a longer run requeues itself and resumes
-    signal_margin_s: int = 600  # USR1 to the batch shell this long before the time limit
-    exclusive: bool = True
-    mem: str | None = "0"  # 0: all of each node's memory
-    output: str = DEFAULT_OUTPUT  # relative to the submit folder (the repo root)
-    extra: tuple[str, ...] = ()  # further `--opt=value` lines, e.g. for a test cluster
+    model_config = ConfigDict(frozen=True)
+    key = "slurm"
+
+    nodes: Int = Field(4, ge=1)
+    """Nodes per job."""
+    gpus_per_node: Int = Field(8, ge=0)
+    """GPUs per node; 0: CPU nodes (gloo), tasks per node then from ntasks_per_node."""
+    ntasks_per_node: Int | None = Field(None, ge=1)
+    """Processes per node; null: one per GPU."""
+    cpus_per_task: Int | None = 8
+    """Cores per process (data loader workers need them; many sites bind tasks)."""
+    time: str = "24:00:00"
+    """Time limit per job; a longer run requeues itself and resumes. A planned run takes its planned hours."""
+    signal_margin_s: Int = 600
+    """USR1 to the batch shell this long before the time limit (a checkpoint, then requeue)."""
+    exclusive: Bool = True
+    """Whole nodes (--exclusive)."""
+    mem: str | None = "0"
+    """Memory per node; "0": all of it."""
+    output: str = DEFAULT_OUTPUT
+    """The job's log, relative to the submit folder (the repo root)."""
+    extra: tuple[str, ...] = ()
+    """Further `--opt=value` lines, e.g. for a test cluster."""
 
     @property
     def ranks(self) -> int:
@@ -85,4 +88,12 @@ class Slurm:
         return [f"#SBATCH {o}" for o in opts]
 
 
-__all__ = ["ARRAY_OUTPUT", "DEFAULT_OUTPUT", "Slurm", "time_limit_s"]
+__all__ = [
+    "ARRAY_OUTPUT",
+    "DEFAULT_OUTPUT",
+    "SLURM_MARGIN",
+    "SLURM_MAX_HOURS",
+    "Slurm",
+    "time_limit_hours",
+    "time_limit_s",
+]

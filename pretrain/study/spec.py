@@ -15,7 +15,6 @@ import copy
 import itertools
 import json
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,25 +25,23 @@ from pretrain.config import (
     Config,
     ConfigError,
     apply_overrides,
+    check_key,
+    check_world_size,
     deep_merge,
     from_dict,
+    get_key,
     load_yaml,
+    set_key,
     to_dict,
     yaml_error_message,
 )
-from pretrain.config_checks import check_run
-from pretrain.planner.paper import time_limit_hours
-from pretrain.study.expressions import evaluate_expression
 from pretrain.study.fields import (
     CONFIG_HEADER,
-    GPUS,
     GRID_FIELDS,
     LABEL,
-    LAYOUT_FIELDS,
     SCRIPT_HEADER,
     SEED_NAME,
     STUDY_GENERATED,
-    TOP_FIELDS,
     Axis,
     Grid,
     Rule,
@@ -60,8 +57,8 @@ from pretrain.study.fields import (
     render_template,
     shown_path,
 )
-from pretrain.study.keys import check_config_key, get_key, set_key
-from pretrain.study.slurm import Slurm, time_limit_s
+from pretrain.study.file import Seeds, StudyFile, read_study_file
+from pretrain.study.slurm import Slurm, time_limit_hours, time_limit_s
 
 
 @dataclass(frozen=True)
@@ -139,15 +136,18 @@ def load_study(path: str | Path) -> Study:
     path = Path(path)
     data = _read(path)
     w = Where(path)
-    refuse_unknown_fields(w, "top level", data, TOP_FIELDS)
-    return _Loader(w, path.resolve(), data).study()
+    try:
+        file = read_study_file(data)
+    except ValueError as e:
+        raise StudyError(f"{shown_path(path)}: {e}") from None
+    return _Loader(w, path.resolve(), data, file).study()
 
 
 class _Loader:
     """One study file's parts, parsed in order; `study()` expands and checks the runs."""
 
-    def __init__(self, w: Where, path: Path, data: dict[str, Any]):
-        self.w, self.path, self.data = w, path, data
+    def __init__(self, w: Where, path: Path, data: dict[str, Any], file: StudyFile):
+        self.w, self.path, self.data, self.file = w, path, data, file
         self.repo = path.parent.parent
         self.name = str(data.get("name") or path.stem)
         if not LABEL.match(self.name):
@@ -155,17 +155,12 @@ class _Loader:
                 "name", f"{self.name!r} is not a file name", "use letters, digits, _ and -"
             )
         self.description = str(data.get("description") or "")
-        self.vars = self._vars()
         self.axes = self._axes()
         self.base = self._base_config()
-        self.rules = parse_rules(w, data.get("rules"), set(self.vars))
+        self.rules = parse_rules(w, data.get("rules"))
         self.seeds, self.seed_key = self._seeds()
         self.layout = self._layout()
-        self.gpu = str(data.get("gpu", "h200"))
-        if self.gpu not in GPUS:
-            raise w.error(
-                "gpu", f"{self.gpu!r} is not a GPU the planner knows", f"use {' or '.join(GPUS)}"
-            )
+        self.gpu = file.gpu
         self.slurm_spec, self.array, self.max_running = self._slurm_spec()
         self.plan = self._plan_file()
         self.exclude = parse_exclude(w, "exclude", data.get("exclude"), self.axes)
@@ -174,21 +169,6 @@ class _Loader:
         self.names: dict[str, str] = {}
 
     # -- fields
-
-    def _vars(self) -> dict[str, float]:
-        spec = self.data.get("vars") or {}
-        if not isinstance(spec, dict):
-            raise self.w.error("vars", f"{spec!r} is not a mapping", "write NAME: NUMBER")
-        for k, v in spec.items():
-            if (
-                not re.match(r"^[A-Za-z_]\w*$", str(k))
-                or isinstance(v, bool)
-                or not isinstance(v, (int, float))
-            ):
-                raise self.w.error(
-                    f"vars {k}", f"{v!r} is not a number named by a word", "write NAME: NUMBER"
-                )
-        return {str(k): v for k, v in spec.items()}
 
     def _axes(self) -> dict[str, Axis]:
         spec = self.data.get("axes") or {}
@@ -239,35 +219,25 @@ class _Loader:
         return base
 
     def _seeds(self) -> tuple[tuple[int, ...], str]:
-        spec = self.data.get("seeds")
-        key = "train.seed"
-        if isinstance(spec, dict):
-            refuse_unknown_fields(self.w, "seeds", spec, ("values", "key"))
-            key = str(spec.get("key", key))
+        spec = self.file.seeds
+        if isinstance(spec, Seeds):
             try:
-                check_config_key(key)
+                check_key(spec.key_)
             except ConfigError as e:
                 raise self.w.error("seeds key", str(e), "fix the key") from None
-            spec = spec.get("values")
-        if spec is None:
-            return (), key
-        if (
-            not isinstance(spec, list)
-            or not spec
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in spec)
-        ):
-            raise self.w.error(
-                "seeds", f"{spec!r} is not a list of integers", "e.g. seeds: [1, 2, 3]"
-            )
-        if len(set(spec)) != len(spec):
-            raise self.w.error("seeds", f"{spec} repeats a seed", "list each seed once")
-        return tuple(spec), key
+            return self._seed_values(spec.values), spec.key_
+        return self._seed_values(spec), "train.seed"
+
+    def _seed_values(self, seeds: list[int] | None) -> tuple[int, ...]:
+        if seeds is None:
+            return ()
+        if not seeds:
+            raise self.w.error("seeds", "[] is not a list of integers", "e.g. seeds: [1, 2, 3]")
+        if len(set(seeds)) != len(seeds):
+            raise self.w.error("seeds", f"{seeds} repeats a seed", "list each seed once")
+        return tuple(seeds)
 
     def _layout(self) -> dict[str, str]:
-        spec = self.data.get("layout") or {}
-        if not isinstance(spec, dict):
-            raise self.w.error("layout", f"{spec!r} is not a mapping", "see docs/studies.md")
-        refuse_unknown_fields(self.w, "layout", spec, LAYOUT_FIELDS)
         out = {
             "config": f"studies/{self.name}/configs/{{name}}.yaml",
             "script": f"studies/{self.name}/slurm/{{name}}.sh",
@@ -275,8 +245,8 @@ class _Loader:
             "job_name": "{name}",
             "array_script": f"studies/{self.name}/slurm/{self.name}.sh",
         }
-        for k, v in spec.items():
-            if not isinstance(v, str) or not v:
+        for k, v in self.file.layout.model_dump(exclude_none=True).items():
+            if not v:
                 raise self.w.error(f"layout {k}", f"{v!r} is not a template", "e.g. runs/{name}")
             out[k] = v
         return out
@@ -382,18 +352,12 @@ class _Loader:
         )
 
     def _headers(self) -> Headers:
-        spec = self.data.get("headers") or {}
-        if not isinstance(spec, dict):
-            raise self.w.error(
-                "headers", f"{spec!r} is not a mapping", "give config:, script: and generated:"
-            )
-        refuse_unknown_fields(self.w, "headers", spec, ("config", "script", "generated"))
+        spec = self.file.headers
         study_file = _relative(self.path, self.repo)
-        generated = str(spec.get("generated", STUDY_GENERATED.replace("{study_file}", study_file)))
         return Headers(
-            config=str(spec.get("config", CONFIG_HEADER)),
-            script=str(spec.get("script", SCRIPT_HEADER)),
-            generated=generated,
+            config=spec.config or CONFIG_HEADER,
+            script=spec.script or SCRIPT_HEADER,
+            generated=spec.generated or STUDY_GENERATED.replace("{study_file}", study_file),
         )
 
     # -- expansion
@@ -565,7 +529,9 @@ class _Loader:
                     )
                 return value
 
-            if rule.lookup_key is not None:
+            if rule.copy_key is not None:
+                value = lookup(rule.copy_key)
+            elif rule.lookup_key is not None:
                 have = lookup(rule.lookup_key)
                 table = rule.table or {}
                 if have not in table:
@@ -576,10 +542,7 @@ class _Loader:
                     )
                 value = table[have]
             else:
-                try:
-                    value = evaluate_expression(rule.expression, lookup, self.vars)
-                except ConfigError as e:
-                    raise self.w.error(f"{where} rule {rule.key}", str(e), "fix the rule") from None
+                value = copy.deepcopy(rule.value)
             set_key(compact, rule.key, value)
             set_key(merged, rule.key, value)
             source[rule.key] = f"rule {rule.key}"
@@ -615,8 +578,8 @@ class _Loader:
         merged = apply_overrides(self._merged(compact, where), overrides)
         ranks = slurm.ranks if slurm is not None else 1
         try:
-            cfg = from_dict(Config, merged)
-            check_run(cfg, ranks, check_data=False)
+            cfg = from_dict(Config, merged, "")
+            check_world_size(cfg, ranks)
         except ConfigError as e:
             text = str(e)
             # The keys the refusal names, by what set them (an axis value, a rule, the layout).
@@ -644,7 +607,7 @@ class _Loader:
                 "change its micro batch or recompute, then re-plan: pretrain-plan --paper --write",
             )
         hours = time_limit_hours(row["run_hours"] * row["executed_flops"] / row["model_flops"])
-        return replace(slurm, time=f"{hours}:00:00")
+        return slurm.replace(time=f"{hours}:00:00")
 
     def _check_unique(self, runs: list[StudyRun]) -> None:
         for attr, what, fix in (
@@ -758,7 +721,7 @@ def as_array(study: Study, max_running: int | None = None) -> Study:
         raise w.error(
             "slurm", "the study has no Slurm layout, so no job array", "add slurm: to the study"
         )
-    headers = {replace(r.slurm, time="0") for r in study.runs if r.slurm is not None}
+    headers = {r.slurm.replace(time="0") for r in study.runs if r.slurm is not None}
     if len(headers) > 1:
         raise w.error(
             "slurm",

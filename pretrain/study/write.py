@@ -104,7 +104,8 @@ def render_array_script(study: Study) -> str:
         f"# {study.name}: {study.description or 'a study'}; a Slurm job array of {n} runs.",
         f"# {_headers(study).generated}",
         f"# Submit from the repository root: sbatch {study.array_script} [--set key=value ...]",
-        "# Task i trains run i of `pretrain-study plan` (the case below names each).",
+        f"# Task i trains run i of `python tools/study.py list {_study_file(study)}` (the case "
+        "below names each).",
         *slurm.lines(study.name, array=f"0-{n - 1}{cap}"),
         "",
         'case "${SLURM_ARRAY_TASK_ID:?submit with sbatch: this script is a job array}" in',
@@ -160,14 +161,27 @@ def write_study(
 
 
 def stale_files(
-    studies: list[Study], repo: Path, folders: tuple[str, ...] = (), array: bool = False
+    studies: list[Study],
+    repo: Path,
+    folders: tuple[str, ...] = (),
+    array: bool = False,
+    max_running: int | None = None,
 ) -> list[str]:
-    """Files of the studies that are missing or differ from what they write, then files in
-    `folders` (and the folders the studies write to) that carry one of the studies'
-    `generated` lines but that no study writes any more (a renamed or removed run)."""
+    """Files of the studies that are missing or differ from what they write (`write`'s
+    `array` and `max_running`), then files in `folders` (and the folders the studies write
+    to) that carry one of the studies' `generated` lines but that no run writes any more (a
+    renamed or removed run; the per-run scripts and the job array, whichever `array` leaves
+    out, still count as written). `study write --check` lists them."""
     want: dict[str, str] = {}
+    known: set[str] = set()  # every path a study writes, one script per run or as an array
     for study in studies:
-        want.update(study_files(study, array=array and study.slurm is not None))
+        if study.slurm is None:
+            want.update(study_files(study))
+        else:
+            want.update(study_files(study, array=array, max_running=max_running))
+        known |= {r.script_path for r in study.runs if r.script_path is not None}
+        known |= {study.array_script} if study.array_script is not None else set()
+    known |= set(want)
     bad = [
         p for p, text in want.items() if not (repo / p).is_file() or (repo / p).read_text() != text
     ]
@@ -176,7 +190,7 @@ def stale_files(
     for d in sorted(dirs):
         for path in sorted((repo / d).glob("*")):
             rel = path.relative_to(repo).as_posix()
-            if not path.is_file() or path.suffix not in (".yaml", ".sh") or rel in want:
+            if not path.is_file() or path.suffix not in (".yaml", ".sh") or rel in known:
                 continue
             if any(m in path.read_text() for m in marks):
                 bad.append(rel)

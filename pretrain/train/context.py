@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from pretrain.config import Config, to_dict
-from pretrain.config_checks import check_run, grad_accum_steps
+from pretrain.config import Config, grad_accum_steps, to_dict
 from pretrain.data.pipeline import DataSource, build_data
 from pretrain.eval.metrics import text_per_token
 from pretrain.faults import DataFaults
+from pretrain.preflight import preflight
 from pretrain.run_layout import RunLayout
 from pretrain.train import distributed as dist_utils
 from pretrain.train.checkpoint import Checkpointer, check_init_from
@@ -53,7 +53,7 @@ def build_context(
     seed_python_numpy(t.seed, env.rank)
     device = dist_utils.device_for(env)
     check_init_from(cfg.checkpoint.init_from)
-    check_run(cfg, env.world_size, check_data=data is None)
+    preflight(cfg, env.world_size, check_data=data is None)
     grad_accum = grad_accum_steps(cfg, env.world_size)
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))

@@ -19,8 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pretrain.config import Config, ConfigError, deep_merge
-from pretrain.config_checks import grad_accum_steps
+from pretrain.config import Config, ConfigError, deep_merge, grad_accum_steps
 from pretrain.model.loss import linear_cross_entropy
 from pretrain.model.recompute import KEY as RECOMPUTE_KEY
 from pretrain.model.recompute import recompute_layers

@@ -233,10 +233,12 @@ def rope_from_hf(hf_cfg: Any) -> tuple[float, RopeScalingConfig | None]:
     if kind == "default":
         return theta, None
     if kind == "linear":
-        return theta, RopeScalingConfig("linear", float(rope["factor"]))
+        return theta, RopeScalingConfig(type="linear", factor=float(rope["factor"]))
     if kind == "dynamic":
         return theta, RopeScalingConfig(
-            "dynamic_ntk", float(rope["factor"]), hf_cfg.max_position_embeddings
+            type="dynamic_ntk",
+            factor=float(rope["factor"]),
+            original_max_seq_len=hf_cfg.max_position_embeddings,
         )
     if kind == "yarn":
         if rope.get("mscale") or rope.get("mscale_all_dim"):
@@ -245,13 +247,13 @@ def rope_from_hf(hf_cfg: Any) -> tuple[float, RopeScalingConfig | None]:
                 "supported; only transformers' plain YaRN converts exactly"
             )
         return theta, RopeScalingConfig(
-            "yarn",
-            float(rope.get("factor") or 1.0),
-            int(rope["original_max_position_embeddings"]),
-            float(rope.get("beta_fast") or 32.0),
-            float(rope.get("beta_slow") or 1.0),
-            rope.get("attention_factor"),
-            bool(rope.get("truncate", True)),
+            type="yarn",
+            factor=float(rope.get("factor") or 1.0),
+            original_max_seq_len=int(rope["original_max_position_embeddings"]),
+            beta_fast=float(rope.get("beta_fast") or 32.0),
+            beta_slow=float(rope.get("beta_slow") or 1.0),
+            attention_factor=rope.get("attention_factor"),
+            truncate=bool(rope.get("truncate", True)),
         )
     raise HFConversionError(
         f"rope_type {kind!r} (RoPE scaling) is not supported; linear, dynamic and yarn "

@@ -1,0 +1,90 @@
+"""The `data:` section: what a run trains on (prepared indexed datasets, tools/prepare_data.py
+or Megatron/NeoX), how samples are read, and packed-document options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pretrain.schema import Bool, ConfigError, Float, Int, Section
+
+
+class DataConfig(Section):
+    """What to train on: prepared indexed datasets (tools/prepare_data.py or Megatron/NeoX)."""
+
+    key = "data"
+
+    train: list[str] = Field(default_factory=list)
+    """prepared datasets: folders written by `tools/prepare_data.py` or megatron-core prefixes (PREFIX.bin + PREFIX.idx)"""
+    train_weights: list[Float] | None = None
+    """blend weights, one per `train` entry; null = proportional to their tokens"""
+    valid: list[str] = Field(default_factory=list)
+    """validation datasets; empty = no validation"""
+    tokenizer: str | None = None
+    """tokenizer spec; null = the one recorded with the first train dataset"""
+    cache_dir: str | None = None
+    """where megatron-core caches sample indices; null = beside the data"""
+    num_workers: Int = Field(1, ge=0)
+    """DataLoader workers per rank"""
+    read_mode: Literal["random", "readahead", "file"] = "random"
+    """how the .bin files are read: `random` (a memory map with `madvise(MADV_RANDOM)`: a sample reads its pages, not a read-ahead window; docs/performance.md), `readahead` (the plain map, as before), `file` (megatron-core's file reader)"""
+    recipe: Literal["stdlib"] | None = None
+    """`stdlib`: build `train[0]` from the installed Python standard library when it is missing (the quickstart)"""
+    document_mask: Bool = False
+    """no token attends across an end-of-document token of a packed sample (docs/training.md, "Document masking")"""
+    position_reset: Bool = False
+    """positions (RoPE, learned) restart at 0 after each end-of-document token"""
+    eod_mask_loss: Bool = False
+    """the token after an end-of-document token (the next document's first) is not a training target"""
+
+    @model_validator(mode="after")
+    def _check(self) -> DataConfig:
+        w = self.train_weights
+        if w is None or not self.train:
+            return self
+        if len(w) != len(self.train):
+            raise ConfigError(
+                f"data.train_weights has {len(w)} entries but data.train has "
+                f"{len(self.train)}; give one weight per dataset"
+            )
+        if any(x < 0 for x in w) or sum(w) <= 0:
+            raise ConfigError(
+                f"data.train_weights={list(w)} must be non-negative with a positive sum"
+            )
+        return self
+
+
+# What needs this machine: the preflight (pretrain/preflight.py) and the data pipeline call
+# these at start, never a study on the machine that plans it.
+
+
+def _check_data_path(key: str, path: str) -> None:
+    p = Path(path)
+    if p.is_dir() or (Path(path + ".bin").is_file() and Path(path + ".idx").is_file()):
+        return
+    raise ConfigError(
+        f"{key}={path!r} not found: give a folder written by tools/prepare_data.py "
+        f"or a megatron-core prefix with PREFIX.bin and PREFIX.idx"
+    )
+
+
+def check_data_paths(data: DataConfig) -> None:
+    """Every dataset of `data.train` and `data.valid` is on this machine."""
+    for i, p in enumerate(data.train):
+        _check_data_path(f"data.train[{i}]", p)
+    for i, p in enumerate(data.valid):
+        _check_data_path(f"data.valid[{i}]", p)
+
+
+def check_vocab(vocab_size: int, tokenizer_vocab_size: int) -> None:
+    """The model's vocabulary must hold every id the tokenizer of the data can produce."""
+    if tokenizer_vocab_size > vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size} is smaller than the tokenizer's vocabulary "
+            f"({tokenizer_vocab_size}); set model.vocab_size={tokenizer_vocab_size}"
+        )
+
+
+__all__ = ["DataConfig", "check_data_paths", "check_vocab"]

@@ -1,0 +1,336 @@
+"""The `model:` section: one transformer covering Llama-style (sequential) and Pythia-style
+(parallel) models, with RoPE on any fraction of each head's dims, per-layer positions and
+windows. Its rules are the section's own validators; docs/configuration.md's table of it is
+generated from the descriptions below (tools/config_schema.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pretrain.schema import Bool, ConfigError, Float, Int, Section
+
+
+def rotary_dims_from_fraction(fraction: float, head_dim: int) -> int:
+    """The even number nearest `fraction * head_dim` (ties round up).
+
+    Matches the paper's Appendix A: head_dim 256 -> 1%: 2, 10%: 26; head_dim 64 -> 4%: 2,
+    10%: 6; head_dim 128 -> 10%: 12. GPT-NeoX truncates (int(256 * 0.1) = 25, odd), which is
+    why the paper had to ask for 0.102 to get 26; rounding to the nearest even number needs
+    no such trick.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(
+            f"model.rope_fraction={fraction} is outside [0, 1]; use 0 for NoPE, 1 for full RoPE"
+        )
+    # The small epsilon keeps 0.1 * 256 = 25.600000000000001 from landing on a tie by accident.
+    return 2 * math.floor(fraction * head_dim / 2 + 0.5 + 1e-9)
+
+
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "dynamic_ntk")
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+class RopeScalingConfig(Section):
+    """RoPE scaling for longer contexts, on the rotary dims only (pretrain/model/rope.py).
+
+    linear: positions / factor (position interpolation). ntk: theta x factor^(r/(r-2)), r the
+    rotary dims (NTK-aware). yarn: per frequency, interpolated below beta_slow rotations over
+    the original length, kept above beta_fast, a ramp between; cos and sin x attention_factor.
+    dynamic_ntk: ntk with the factor grown with the sequence, only past original_max_seq_len.
+    Transformers' rope_type names: linear, dynamic (= dynamic_ntk), yarn; ntk is the default
+    RoPE with a larger theta. factor 1 is no scaling.
+    """
+
+    key = "model.rope_scaling"
+
+    type: Literal["linear", "ntk", "yarn", "dynamic_ntk"] = "yarn"
+    """How positions are stretched: linear, ntk, yarn or dynamic_ntk."""
+    factor: Float = 1.0
+    """How many times longer than the trained length (1 = no scaling)."""
+    original_max_seq_len: Int | None = None
+    """The trained length; null = model.max_seq_len."""
+    beta_fast: Float = 32.0
+    """yarn: rotations over the original length above which a frequency is kept."""
+    beta_slow: Float = 1.0
+    """yarn: rotations below which a frequency is interpolated."""
+    attention_factor: Float | None = None
+    """yarn: the cos/sin multiplier; null = 0.1 ln(factor) + 1."""
+    truncate: Bool = True
+    """yarn: round the ramp's ends to whole dims (transformers' default)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RopeScalingConfig:
+        _need(
+            self.factor >= 1.0,
+            f"model.rope_scaling.factor={self.factor} must be >= 1 (1 = no scaling; the factor "
+            f"is how many times longer than the trained length)",
+        )
+        _need(
+            self.original_max_seq_len is None or self.original_max_seq_len > 0,
+            f"model.rope_scaling.original_max_seq_len={self.original_max_seq_len} must be a "
+            f"positive integer (the length the model was trained at), or null",
+        )
+        _need(
+            self.beta_fast > self.beta_slow > 0,
+            f"model.rope_scaling: beta_fast={self.beta_fast} must be > beta_slow="
+            f"{self.beta_slow} > 0",
+        )
+        return self
+
+
+class ModelConfig(Section):
+    """One transformer covering Llama-style (sequential) and Pythia-style (parallel) models."""
+
+    key = "model"
+
+    vocab_size: Int = 50277
+    """the tokenizer's vocabulary; must be >= the data's tokenizer (checked at start)"""
+    pad_vocab_to_multiple: Int = 128
+    """embedding rows are padded to a multiple (50277 -> 50304), as GPT-NeoX"""
+    n_layers: Int = 16
+    """transformer blocks"""
+    d_model: Int = 2048
+    """hidden size"""
+    n_heads: Int = 32
+    """query heads; head_dim = d_model / n_heads"""
+    n_kv_heads: Int | None = None
+    """null = n_heads (MHA); fewer = grouped-query attention"""
+    d_ff: Int = 8192
+    """MLP hidden size (per branch for SwiGLU)"""
+    max_seq_len: Int = 2048
+    """longest sequence: RoPE cache and learned positions"""
+    block: Literal["sequential", "parallel"] = "sequential"
+    """`sequential` (Llama: x + attn(norm x), then + mlp) or `parallel` (Pythia/GPT-J)"""
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    """`rmsnorm` or `layernorm`"""
+    norm_eps: Float = Field(1e-5, gt=0)
+    """norm epsilon"""
+    norm_bias: Bool = False
+    """LayerNorm only: learn a bias (original Pythia)"""
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    """`swiglu` or `gelu`"""
+    mlp_bias: Bool = True
+    """biases in the MLP (the paper's runs)"""
+    attn_bias: Bool = False
+    """biases in the attention projections"""
+    rope_fraction: Float | None = 1.0
+    """fraction of each head's dims that rotate; the nearest even number of dims; 0 = NoPE"""
+    rotary_dims: Int | None = None
+    """rotary dims given directly (then `rope_fraction: null`)"""
+    rope_theta: Float = Field(10000.0, gt=0)
+    """RoPE base"""
+    rope_scaling: RopeScalingConfig | None = None
+    """RoPE scaling for longer contexts (type, factor, original_max_seq_len, ...); null = none."""
+    rope_spectrum: Literal["neox", "p_rope"] = "neox"
+    """which frequencies the rotary dims carry: `neox` = theta^(-2i/r) over the r rotary dims (the paper, GPT-NeoX); `p_rope` = the r/2 highest of full RoPE's theta^(-2i/head_dim) (Barbero et al. 2025; not with `rope_scaling`). docs/model.md, "Positions by layer" """
+    nope_layers: list[Int] | None = None
+    """0-based layers without RoPE among RoPE ones, e.g. `[3, 7, 11, 15]`"""
+    nope_every: Int | None = Field(None, ge=2)
+    """k: layer i is NoPE when (i + 1) % k == 0 (SmolLM3's `no_rope_layer_interval`; 4 = SmolLM3, Llama 4). Not with `nope_layers`"""
+    sliding_window: Int | None = None
+    """W: sliding layers attend to themselves and the W - 1 tokens before (transformers' rule); null = full attention everywhere"""
+    sliding_window_pattern: Int | None = None
+    """k: layer i is full attention when (i + 1) % k == 0, the others slide (Gemma 3: 6, Cohere 2: 4); null with `sliding_window` = every layer slides (Mistral)"""
+    layer_types: list[Literal["full", "sliding"]] | None = None
+    """one `full` / `sliding` per layer instead of the pattern"""
+    global_rope_theta: Float | None = None
+    """RoPE theta of the full layers when some slide (Gemma 3: 1e6, with `rope_theta: 10000` on the sliding ones); null = `rope_theta`. Global NoPE (Cohere 2): `nope_every` = `sliding_window_pattern`"""
+    alibi: Bool = False
+    """ALiBi (Press et al. 2022): -slope_h x (i - j) on every layer's logits, slopes 2^(-8h/n_heads); combine with `rope_fraction: 0` for the paper's ALiBi-only model. Not with `attn_logit_softcap`"""
+    learned_pos_emb: Bool = False
+    """add learned absolute position embeddings"""
+    qk_norm: Bool = False
+    """normalize q and k per head over head_dim, before RoPE"""
+    attn_logit_softcap: Float = 0.0
+    """attention-logit soft cap (Gemma 2): logits -> cap x tanh(logits / cap); 0 = off (the paper). On, attention runs unfused (no SDPA kernel); exports as remote code (docs/training.md, "Loss spikes")"""
+    tie_embeddings: Bool = False
+    """share input and output embedding matrices"""
+    dropout: Float = 0.0
+    """embedding, attention and residual dropout"""
+    init: Literal["normal", "scaled_normal", "small_init"] = "normal"
+    """`normal` (N(0, init_std), the paper), `scaled_normal` (GPT-2 output scaling), `small_init` (GPT-NeoX small_init + wang_init)"""
+    init_std: Float = 0.02
+    """std of `normal` / `scaled_normal`"""
+
+    # Derived sizes are properties, never stored, so they cannot disagree with the fields.
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = max(1, self.pad_vocab_to_multiple)
+        return -(-self.vocab_size // m) * m
+
+    @property
+    def rope_dims(self) -> int:
+        """Number of rotary dims per head (0 = NoPE)."""
+        if self.rotary_dims is not None:
+            return self.rotary_dims
+        return rotary_dims_from_fraction(self.rope_fraction or 0.0, self.head_dim)
+
+    @property
+    def attention_types(self) -> list[str]:
+        """Per layer, "full" or "sliding" (pretrain/model/position.py reads it)."""
+        n = self.n_layers
+        if self.sliding_window is None:
+            return ["full"] * n
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        k = self.sliding_window_pattern
+        return ["full" if k is not None and (i + 1) % k == 0 else "sliding" for i in range(n)]
+
+    @property
+    def nope_layer_set(self) -> frozenset[int]:
+        """0-based layers without RoPE among RoPE layers (nope_layers or nope_every)."""
+        if self.nope_layers is not None:
+            return frozenset(self.nope_layers)
+        k = self.nope_every
+        return frozenset(i for i in range(self.n_layers) if k and (i + 1) % k == 0)
+
+    @property
+    def original_max_seq_len(self) -> int:
+        """The length the positions were trained at (for scaling); model.max_seq_len unscaled."""
+        s = self.rope_scaling
+        if s is not None and s.original_max_seq_len:
+            return s.original_max_seq_len
+        return self.max_seq_len
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """The shape and position rules (run when the section is built)."""
+        need = _need
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            need(value > 0, f"model.{name}={value} must be a positive integer")
+        need(
+            self.d_model % self.n_heads == 0,
+            f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+            f"choose n_heads among the divisors of d_model",
+        )
+        need(
+            self.kv_heads > 0 and self.n_heads % self.kv_heads == 0,
+            f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={self.n_kv_heads}; "
+            f"use a divisor of n_heads (e.g. {self.n_heads} for MHA, or 1 for multi-query)",
+        )
+        need(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+        need(
+            self.attn_logit_softcap >= 0.0,
+            f"model.attn_logit_softcap={self.attn_logit_softcap} must be >= 0 (0 = off)",
+        )
+        need(
+            self.rotary_dims is None or self.rope_fraction in (None, 1.0),
+            "model.rotary_dims and model.rope_fraction are both set; set only one "
+            "(rope_fraction: null when giving rotary_dims)",
+        )
+        hd = self.head_dim
+        if self.rotary_dims is not None:
+            r = self.rotary_dims
+            need(0 <= r <= hd, f"model.rotary_dims={r} must be in [0, head_dim={hd}]")
+            need(
+                r % 2 == 0,
+                f"model.rotary_dims={r} is odd; rotary pairs need an even number: "
+                f"use {r - 1} or {r + 1}",
+            )
+        else:
+            f = self.rope_fraction if self.rope_fraction is not None else 0.0
+            r = rotary_dims_from_fraction(f, hd)  # raises for f outside [0, 1]
+            need(
+                not (f > 0 and r == 0),
+                f"model.rope_fraction={f} gives 0 rotary dims for head_dim {hd}; use "
+                f"rope_fraction >= {1 / hd:.4g} (2 dims), or 0 for NoPE",
+            )
+        if self.rope_scaling is not None:
+            self._check_scaling(self.rope_scaling, r)
+        self._check_layers(r)
+
+    def _check_layers(self, rotary_dims: int) -> None:
+        """The per-layer position fields: NoPE layers, spectrum, windows, global theta, ALiBi."""
+        need, n = _need, self.n_layers
+        need(
+            self.rope_spectrum == "neox" or self.rope_scaling is None,
+            "model.rope_spectrum=p_rope with model.rope_scaling is not supported; remove one",
+        )
+        need(
+            self.nope_layers is None or self.nope_every is None,
+            "model.nope_layers and model.nope_every are both set; set only one",
+        )
+        if self.nope_layers is not None or self.nope_every is not None:
+            name = "nope_layers" if self.nope_layers is not None else "nope_every"
+            need(
+                rotary_dims > 0,
+                f"model.{name} with 0 rotary dims: every layer is NoPE already; remove model.{name}",
+            )
+        if self.nope_layers is not None:
+            bad = [i for i in self.nope_layers if not 0 <= i < n]
+            need(not bad, f"model.nope_layers={self.nope_layers}: {bad} outside [0, n_layers={n})")
+            need(
+                len(set(self.nope_layers)) == len(self.nope_layers),
+                f"model.nope_layers={self.nope_layers} repeats a layer; list each once",
+            )
+            need(
+                len(self.nope_layers) < n,
+                f"model.nope_layers lists all {n} layers; use rope_fraction: 0 for NoPE everywhere",
+            )
+        w = self.sliding_window
+        need(w is None or w >= 1, f"model.sliding_window={w} must be >= 1 tokens, or null")
+        for name in ("sliding_window_pattern", "layer_types", "global_rope_theta"):
+            need(
+                getattr(self, name) is None or w is not None,
+                f"model.{name} needs model.sliding_window (the window of the sliding layers)",
+            )
+        need(
+            self.sliding_window_pattern is None or self.layer_types is None,
+            "model.sliding_window_pattern and model.layer_types are both set; set only one",
+        )
+        k = self.sliding_window_pattern
+        need(
+            k is None or k >= 2, f"model.sliding_window_pattern={k} must be >= 2 (null: all slide)"
+        )
+        types = self.layer_types
+        need(
+            types is None or len(types) == n,
+            f"model.layer_types has {len(types or [])} entries; give one per layer ({n})",
+        )
+        g = self.global_rope_theta
+        need(g is None or g > 0, f"model.global_rope_theta={g} must be a positive number, or null")
+        need(
+            g is None or "full" in self.attention_types,
+            "model.global_rope_theta is set but no layer is full attention; set "
+            "model.sliding_window_pattern or model.layer_types, or remove it",
+        )
+        need(
+            not (self.alibi and self.attn_logit_softcap > 0),
+            "model.alibi with model.attn_logit_softcap is not supported; set one of them off",
+        )
+
+    def _check_scaling(self, s: RopeScalingConfig, rotary_dims: int) -> None:
+        _need(
+            not self.learned_pos_emb,
+            "model.rope_scaling does not apply to model.learned_pos_emb: learned positions "
+            "have no frequencies to scale; remove one of the two",
+        )
+        _need(
+            rotary_dims != 2 or s.type not in ("ntk", "dynamic_ntk") or s.factor == 1.0,
+            f"model.rope_scaling.type={s.type} needs more than 2 rotary dims (its exponent is "
+            f"r/(r-2)); with 2 use linear or yarn",
+        )
+
+
+__all__ = ["ROPE_SCALINGS", "ModelConfig", "RopeScalingConfig", "rotary_dims_from_fraction"]

@@ -1,0 +1,152 @@
+"""Choosing what a study's `submit` runs, for both executors: slurm_submit.py (Slurm,
+`submit`) and local_executor.py (this machine, `submit --executor local`): the runs `--only`
+names, the files they need, the evaluation options, and the runs skipped and why.
+
+Both submit what is not done, queued or running (status.SUBMITTABLE: not started, stopped,
+cancelled, failed, hung), each run resuming from its newest checkpoint, and never a run
+twice: the study's submit lock admits one submitter at a time, Slurm is asked for the
+study's jobs by name before anything is submitted, and a local run's training process holds
+the run's lock for as long as it lives (records.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pretrain.run_layout import EVAL_DIR, step_tag
+from pretrain.study.records import StudyUsageError
+from pretrain.study.status import DIVERGED, RunStatus, run_folder
+from pretrain.study.write import study_files
+
+if TYPE_CHECKING:
+    from pretrain.study.spec import Study, StudyRun
+
+Echo = Callable[[str], None]
+EVAL_ARGS_ENV = "PRETRAIN_EVAL_ARGS"  # as slurm/submit.sh reads it
+
+
+def select_runs(study: Study, only: Sequence[str] = ()) -> list[StudyRun]:
+    """The runs matching every `AXIS=LABEL[,LABEL...]` of `only` (`seed=1`, `run=NAME` too)."""
+    wanted: dict[str, set[str]] = {}
+    for text in only:
+        axis, sep, labels = text.partition("=")
+        if not sep or not axis.strip() or not labels.strip():
+            raise StudyUsageError(f"--only {text!r}: give AXIS=LABEL, e.g. rope=0.25 or seed=1")
+        wanted.setdefault(axis.strip(), set()).update(v.strip() for v in labels.split(","))
+
+    def value(run: StudyRun, axis: str) -> str | None:
+        if axis == "seed":
+            return None if run.seed is None else str(run.seed)
+        if axis == "run":
+            return run.name
+        return run.labels.get(axis)
+
+    axes = sorted({a for r in study.runs for a in r.labels} | {"seed", "run"})
+    for axis, labels in wanted.items():
+        if axis not in axes:
+            raise StudyUsageError(
+                f"--only {axis}=...: no axis {axis!r}; the axes: {', '.join(axes)}"
+            )
+        known = {value(r, axis) for r in study.runs}
+        unknown = sorted(labels - known)
+        if unknown:
+            raise StudyUsageError(
+                f"--only {axis}={','.join(unknown)}: no such label; {axis} is one of "
+                f"{', '.join(sorted(str(k) for k in known))}"
+            )
+    runs = [r for r in study.runs if all(value(r, a) in ls for a, ls in wanted.items())]
+    if not runs:
+        raise StudyUsageError(f"--only {' '.join(only)}: no run has all of these labels")
+    return runs
+
+
+def eval_done(run: StudyRun, repo: Path) -> bool:
+    """The run's last checkpoint has an evaluation folder (RUN/eval/step_TOTAL[_scaling]/)."""
+    total = int((run.config.get("train") or {}).get("train_iters") or 0)
+    return any((run_folder(run, repo) / EVAL_DIR).glob(step_tag(total) + "*"))
+
+
+def check_files(study: Study, runs: Sequence[StudyRun], repo: Path, slurm: bool) -> None:
+    """The files the runs need are written and are what the study writes today: a study
+    edited since its `write` would otherwise train the old configs."""
+    if slurm and not study.array:
+        no_script = [r.name for r in runs if not r.script_path]
+        if no_script:
+            raise StudyUsageError(
+                f"runs {_first_three(no_script)} have no "
+                f"Slurm job script (the study has no slurm: layout); use --executor local"
+            )
+    need = {r.config_path for r in runs}
+    if slurm:
+        need |= {r.script_path for r in runs if r.script_path}
+        if study.array and runs:
+            need.add(str(study.array_script))
+    want = study_files(study)
+    missing = sorted(p for p in need if not (Path(repo) / p).is_file())
+    stale = sorted(
+        p for p in need - set(missing) if p in want and (Path(repo) / p).read_text() != want[p]
+    )
+    for files, what in ((missing, "are not written"), (stale, "differ from what the study writes")):
+        if files:
+            raise StudyUsageError(
+                f"{len(files)} file(s) of the study {what} ({_first_three(files)}); "
+                f"run: python tools/study.py write "
+                f"{repo_relative(Path(study.path), Path(repo))}"
+            )
+
+
+def _first_three(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+
+def eval_arguments(text: str | None) -> list[str]:
+    """tools/evaluate.py options: `text`, else $PRETRAIN_EVAL_ARGS (as slurm/submit.sh)."""
+    return shlex.split(text if text is not None else os.environ.get(EVAL_ARGS_ENV, ""))
+
+
+def _skip_reason(row: RunStatus) -> str:
+    if row.state == DIVERGED:
+        return (
+            f"diverged ({row.detail}), skipped: change its config, or remove its run folder "
+            f"to start over"
+        )
+    return f"{row.state}, skipped"
+
+
+def report_skipped(
+    runs: Sequence[StudyRun],
+    rows: Mapping[str, RunStatus],
+    chosen: Sequence[StudyRun],
+    echo: Echo,
+) -> list[tuple[str, str]]:
+    """Say why each of `runs` that is not `chosen` is skipped; (run name, state) of each."""
+    skipped = []
+    for run in runs:
+        if run not in chosen:
+            row = rows[run.name]
+            skipped.append((run.name, row.state))
+            echo(f"{run.name}: {_skip_reason(row)}")
+    return skipped
+
+
+def repo_relative(path: Path, repo: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path(repo).resolve()))
+    except ValueError:
+        return str(path)
+
+
+__all__ = [
+    "EVAL_ARGS_ENV",
+    "Echo",
+    "check_files",
+    "eval_arguments",
+    "eval_done",
+    "repo_relative",
+    "report_skipped",
+    "select_runs",
+]

@@ -1,0 +1,136 @@
+"""`study plan`'s cache (pretrain/study/plan.py): a second plan reads every run's trace from
+studies/NAME/plan_cache/ and calls no planner; a changed run, a changed GPU and a corrupt
+entry are traced again, and `--fresh` traces everything."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import pretrain.study.plan as plan_module
+from pretrain.study import load_study
+from pretrain.study.plan import PLAN_CACHE_DIR, plan_rows
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The char GPT (the smallest model config: about 1 s a trace on 2 cores), two micro batches
+# of two seeds each: four runs, two traces.
+STUDY = """
+description: micro batches of a small model
+config:
+  inherit: {model: configs/models/gpt_char.yaml}
+  model: {vocab_size: 65}
+  data: {train: [data/a], valid: [data/a]}
+  train: {train_iters: 100, global_batch_size: 16, seq_len: 128}
+  logging: {run_dir: layout}
+axes:
+  micro: {key: train.micro_batch_size, values: [4, 8]}
+run_name: "small_micro{micro}"
+seeds: [1, 2]
+layout: {config: "configs/small/{stem}.yaml", script: "slurm/small/{name}.sh", run_dir: "runs/small/{name}"}
+"""
+NAMES = [f"small_micro{m}_s{s}" for m in (4, 8) for s in (1, 2)]
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    shutil.copytree(REPO / "configs" / "models", tmp_path / "configs" / "models")
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "small.yaml").write_text(STUDY)
+    return tmp_path
+
+
+def plan(repo: Path, *args, **kwargs) -> tuple[list[dict], str]:
+    """plan_rows of studies/small.yaml (loaded afresh) on an H100, and what it logged."""
+    log = io.StringIO()
+    rows = plan_rows(load_study(repo / "studies" / "small.yaml"), "h100", *args, log=log, **kwargs)
+    return rows, log.getvalue()
+
+
+def entries(repo: Path) -> list[Path]:
+    return sorted((repo / "studies" / "small" / PLAN_CACHE_DIR).glob("*.json"))
+
+
+def no_planner(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the planner was called")
+
+    monkeypatch.setattr(plan_module, "plan_run", refuse)
+
+
+def traced(log: str) -> list[str]:
+    return [line.split()[1] for line in log.splitlines() if line.startswith("planned ")]
+
+
+def test_a_second_plan_reads_the_cache(repo, monkeypatch):
+    rows, log = plan(repo)
+    assert [r["name"] for r in rows] == NAMES
+    assert traced(log) == ["small_micro4_s1", "small_micro8_s1"]  # seeds share a trace
+    assert "plan cache" not in log
+    assert len(entries(repo)) == 2
+    assert [r["micro_batch"] for r in rows] == [4, 4, 8, 8]
+
+    no_planner(monkeypatch)
+    again, log = plan(repo)
+    assert again == rows
+    assert traced(log) == [] and "4 of 4 runs from the plan cache" in log
+    # The cache keeps what the time needs at any MFU, not one MFU's hours.
+    half, _ = plan(repo, mfu=0.2)
+    for r, h in zip(rows, half, strict=True):
+        assert h["wall_hours"] == pytest.approx(2 * r["wall_hours"])
+        assert h["peak_gib"] == r["peak_gib"] and h["fits"] == r["fits"]
+    # Another GPU is another key; fresh (--fresh) and cache=False read no entry.
+    with pytest.raises(AssertionError, match="planner was called"):
+        plan_rows(load_study(repo / "studies" / "small.yaml"), "h200")
+    for off in ({"fresh": True}, {"cache": False}):
+        with pytest.raises(AssertionError, match="planner was called"):
+            plan(repo, **off)
+
+
+def test_only_a_changed_run_is_traced_again(repo):
+    rows, _ = plan(repo)
+    study = repo / "studies" / "small.yaml"
+    study.write_text(STUDY.replace("values: [4, 8]", "values: [4, 16]"))
+    changed, log = plan(repo)
+    assert traced(log) == ["small_micro16_s1"]
+    assert "2 of 4 runs from the plan cache" in log
+    assert changed[:2] == rows[:2]  # micro 4: from the cache, as before
+    assert [r["micro_batch"] for r in changed[2:]] == [16, 16]
+    assert changed[2]["peak_gib"] > rows[2]["peak_gib"]
+    assert len(entries(repo)) == 3  # the micro 8 entry stays for when it comes back
+
+
+def test_a_corrupt_entry_is_a_miss(repo):
+    rows, _ = plan(repo)
+    broken, wrong = entries(repo)
+    broken.write_text('{"figures": {"n_params"')  # cut short
+    data = json.loads(wrong.read_text())
+    data["figures"]["peak"] = "2 GiB"  # not bytes
+    wrong.write_text(json.dumps(data))
+    again, log = plan(repo)
+    assert again == rows
+    assert len(traced(log)) == 2 and "plan cache" not in log
+    for path in entries(repo):  # rewritten whole
+        assert isinstance(json.loads(path.read_text())["figures"]["peak"], int)
+
+
+def test_fresh_through_the_program(repo, monkeypatch, capsys):
+    from pretrain.cli import study as cli
+    from pretrain.study import plan
+
+    seen = {}
+
+    def fake_plan_rows(study, gpu, mfu, log=None, **kwargs):
+        seen.update(kwargs)
+        return []
+
+    monkeypatch.setattr(plan, "plan_rows", fake_plan_rows)  # the program imports it late
+    monkeypatch.chdir(repo)
+    assert cli.main(["plan", "studies/small.yaml", "--fresh"]) == 0
+    assert seen == {"fresh": True}
+    assert cli.main(["plan", "studies/small.yaml"]) == 0
+    assert seen == {"fresh": False}
