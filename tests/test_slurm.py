@@ -39,8 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 from pretrain.study import load_study  # noqa: E402
 from pretrain.study.fields import CONFIG_HEADER, SCRIPT_HEADER  # noqa: E402
+from pretrain.study.runs import Headers, Study, StudyRun  # noqa: E402
 from pretrain.study.slurm import Slurm  # noqa: E402
-from pretrain.study.spec import Headers, Study, StudyRun  # noqa: E402
 from pretrain.study.write import render_run_script  # noqa: E402
 from pretrain.train.distributed import slurm_master_port  # noqa: E402
 

@@ -40,9 +40,10 @@ from pretrain.study.records import (  # noqa: E402
     write_local_record,
 )
 from pretrain.study.report import write_study_report  # noqa: E402
+from pretrain.study.runs import Study, StudyRun  # noqa: E402
 from pretrain.study.selection import select_runs  # noqa: E402
 from pretrain.study.slurm_jobs import SlurmJob  # noqa: E402
-from pretrain.study.spec import Study, StudyRun, load_study  # noqa: E402
+from pretrain.study.spec import load_study  # noqa: E402
 from pretrain.study.status import (  # noqa: E402
     CANCELLED,
     COMPLETED,

@@ -28,7 +28,8 @@ from pretrain.cli.study_runtime import RUNTIME_COMMANDS, add_runtime_commands, r
 from pretrain.config import add_set_option, load_config
 from pretrain.planner.gpus import DEFAULT_MFU
 from pretrain.study.listing import format_run_table
-from pretrain.study.spec import Study, load_study
+from pretrain.study.runs import Study
+from pretrain.study.spec import load_study
 from pretrain.study.write import stale_files, study_files, write_study
 
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from pretrain.study.records import StudyUsageError
+from pretrain.study.runs import Study
 from pretrain.study.selection import EVAL_ARGS_ENV, eval_arguments, select_runs
-from pretrain.study.spec import Study
 from pretrain.study.status import STATES, format_status_table, study_status
 
 RUNTIME_COMMANDS = ("submit", "status", "report")

@@ -9,8 +9,10 @@ configs and job scripts (write.py). docs/studies.md describes the file.
 
 from __future__ import annotations
 
+from pretrain.study.fields import StudyError
+from pretrain.study.runs import Headers, Study, StudyRun, as_array
 from pretrain.study.slurm import Slurm, time_limit_s
-from pretrain.study.spec import Headers, Study, StudyError, StudyRun, as_array, load_study
+from pretrain.study.spec import load_study
 
 __all__ = [
     "Headers",

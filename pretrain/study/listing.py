@@ -4,8 +4,8 @@ tokens (the paper's budget table in docs/reproduce.md is `list studies/partial_r
 
 from __future__ import annotations
 
+from pretrain.study.runs import Study, StudyRun
 from pretrain.study.slurm import Slurm
-from pretrain.study.spec import Study, StudyRun
 
 TABLE_COLUMNS = (
     "run",

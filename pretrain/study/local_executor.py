@@ -33,12 +33,13 @@ from pretrain.study.records import (
     take_run_lock,
     write_local_record,
 )
-from pretrain.study.selection import Echo, check_files, eval_done, repo_relative, report_skipped
+from pretrain.study.runs import relative_path
+from pretrain.study.selection import Echo, check_files, eval_done, report_skipped
 from pretrain.study.status import COMPLETED, SUBMITTABLE, read_progress, study_status
 from pretrain.train.distributed import LAUNCH_VARS
 
 if TYPE_CHECKING:
-    from pretrain.study.spec import Study, StudyRun
+    from pretrain.study.runs import Study, StudyRun
 
 # The programs by module, not by path: a study may live outside this checkout (its repo is
 # the folder above its studies/), and the run's paths are relative to that folder.
@@ -318,7 +319,7 @@ class LocalExecutor:
     # -- for its messages
 
     def _log_name(self, p: _Process) -> str:
-        return repo_relative(Path(p.log.name), self.repo)
+        return relative_path(Path(p.log.name), self.repo)
 
     def _elapsed(self) -> str:
         return _clock(time.monotonic() - self.t0)
@@ -376,7 +377,7 @@ def run_locally(
         where = f"GPUs {','.join(gpus)}" if gpus else f"CPU, {os.cpu_count()} cores"
         echo(
             f"running {len(train)} run(s){f' and {len(evals)} evaluation(s)' if evals else ''} "
-            f"here, {parallel} at once ({where}); logs in {repo_relative(state_dir(study.out_dir), Path(repo))}/"
+            f"here, {parallel} at once ({where}); logs in {relative_path(state_dir(study.out_dir), Path(repo))}/"
         )
         executor = LocalExecutor(
             study,

@@ -33,7 +33,7 @@ from pretrain.model.recompute import describe_recompute
 from pretrain.planner.gpus import DEFAULT_MFU, GPU, GiB, parse_gpu
 from pretrain.planner.search import Plan, document_fraction, plan_run
 from pretrain.run_layout import atomic_write
-from pretrain.study.spec import Study, StudyRun
+from pretrain.study.runs import Study, StudyRun
 
 # Bump when what a trace gives changes in a way the planner's source files do not show (or
 # PlanFigures changes): every plan cache entry written before is then a miss.

@@ -52,7 +52,7 @@ from pretrain.study.records import StudyUsageError
 from pretrain.study.status import read_progress, run_folder
 
 if TYPE_CHECKING:
-    from pretrain.study.spec import Study, StudyRun
+    from pretrain.study.runs import Study, StudyRun
 
 REPORT_DIR = "report"
 

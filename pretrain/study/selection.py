@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 from pretrain.run_layout import EVAL_DIR, step_tag
 from pretrain.study.records import StudyUsageError
+from pretrain.study.runs import relative_path
 from pretrain.study.status import DIVERGED, RunStatus, run_folder
 from pretrain.study.write import study_files
 
 if TYPE_CHECKING:
-    from pretrain.study.spec import Study, StudyRun
+    from pretrain.study.runs import Study, StudyRun
 
 Echo = Callable[[str], None]
 EVAL_ARGS_ENV = "PRETRAIN_EVAL_ARGS"  # as slurm/submit.sh reads it
@@ -95,7 +96,7 @@ def check_files(study: Study, runs: Sequence[StudyRun], repo: Path, slurm: bool)
             raise StudyUsageError(
                 f"{len(files)} file(s) of the study {what} ({_first_three(files)}); "
                 f"run: python tools/study.py write "
-                f"{repo_relative(Path(study.path), Path(repo))}"
+                f"{relative_path(Path(study.path), Path(repo))}"
             )
 
 
@@ -133,20 +134,12 @@ def report_skipped(
     return skipped
 
 
-def repo_relative(path: Path, repo: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path(repo).resolve()))
-    except ValueError:
-        return str(path)
-
-
 __all__ = [
     "EVAL_ARGS_ENV",
     "Echo",
     "check_files",
     "eval_arguments",
     "eval_done",
-    "repo_relative",
     "report_skipped",
     "select_runs",
 ]

@@ -36,7 +36,7 @@ from pretrain.study.status import (
 )
 
 if TYPE_CHECKING:
-    from pretrain.study.spec import Study, StudyRun
+    from pretrain.study.runs import Study, StudyRun
 
 EVALUATE_SCRIPT = "slurm/evaluate.sh"
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import os
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,59 +56,8 @@ from pretrain.study.fields import (
     shown_path,
 )
 from pretrain.study.file import Seeds, StudyFile, read_study_file
-from pretrain.study.slurm import Slurm, time_limit_hours, time_limit_s
-
-
-@dataclass(frozen=True)
-class StudyRun:
-    name: str  # unique in the study, e.g. "llama1b_rope10" or "shakespeare_theta500_s2"
-    labels: dict[str, str]  # axis name -> value label, seed not included
-    seed: int | None
-    group: str  # the labels without the seed, "model=llama1b,rope=10": seeds pooled in reports
-    config: dict  # the resolved config (pretrain.config.to_dict of the loaded Config)
-    config_path: str  # repo-relative path `write` puts the config at
-    script_path: str | None  # repo-relative job script; None with a job array or no Slurm
-    run_dir: str  # logging.run_dir
-    job_name: str
-    description: str = ""
-    # `--set` arguments the launch adds to the config file: the seed and run folder of a run
-    # whose config file its group's seeds share (layout.config without {name} or {seed}).
-    overrides: tuple[str, ...] = ()
-    slurm: Slurm | None = None  # this run's header (its time limit, the grid's changes)
-    # The config file's content below its header: the study's config with the run's values,
-    # `inherit:` paths relative to config_path (what `write` dumps).
-    config_file: dict = field(default_factory=dict)
-    stem: str = ""  # the name without the seed (the shared config's name)
-
-
-@dataclass(frozen=True)
-class Headers:
-    """Templates of the lines above a written config's YAML and a job script's #SBATCH lines
-    ({name}, {description}, {config}, {script}, {study_file}, {generated})."""
-
-    config: str
-    script: str
-    generated: str  # the line that marks a file as written by this study
-
-
-@dataclass(frozen=True)
-class Study:
-    name: str
-    path: Path  # the study file
-    runs: tuple[StudyRun, ...]
-    baseline: dict[str, str] | None  # labels of the baseline group (`baseline:`)
-    out_dir: Path  # studies/NAME/ (report/ goes under it)
-    slurm: Slurm | None  # the study's Slurm layout (a run's own header: StudyRun.slurm)
-    description: str = ""
-    repo: Path = Path(".")  # the folder above studies/: every path in the study is relative to it
-    gpu: str = "h200"  # the cluster's GPU: plan's default and the plan file's fit
-    array: bool = False  # the study is one Slurm job array (`slurm: {array: true}`)
-    max_running: int | None = None  # the array's %N: at most N runs at once
-    array_script: str | None = None  # repo-relative script of the array
-    headers: Headers | None = None
-    axes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # axis -> labels, in order
-    seeds: tuple[int, ...] = ()
-
+from pretrain.study.runs import Headers, Study, StudyRun, as_array, relative_path, written_config
+from pretrain.study.slurm import Slurm, parse_slurm, planned_slurm, slurm_options
 
 # ----------------------------------------------------------------------------- loading
 
@@ -252,43 +199,10 @@ class _Loader:
         return out
 
     def _slurm_spec(self) -> tuple[dict[str, Any] | None, bool, int | None]:
-        spec = self.data.get("slurm")
-        if spec is None:
-            return None, False, None
-        if not isinstance(spec, dict):
-            raise self.w.error(
-                "slurm", f"{spec!r} is not a mapping", "e.g. {nodes: 4, gpus_per_node: 8}"
-            )
-        spec = dict(spec)
-        array = spec.pop("array", False)
-        max_running = spec.pop("max_running", None)
-        if not isinstance(array, bool):
-            raise self.w.error("slurm array", f"{array!r}", "write true or false")
-        if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
-            raise self.w.error(
-                "slurm max_running", f"{max_running!r}", "give a positive integer (%N)"
-            )
-        self._slurm(spec, "slurm")  # the study's own layout must hold on its own
-        return spec, array, max_running
+        return slurm_options(self.w, self.data.get("slurm"))
 
     def _slurm(self, spec: dict[str, Any], where: str) -> Slurm:
-        for k in ("partition", "account", "qos"):
-            if k in spec:
-                raise self.w.error(
-                    f"{where} {k}",
-                    "cluster options stay out of the study",
-                    f"give it at submit time: SBATCH_{k.upper()} in the environment (docs/slurm.md)",
-                )
-        try:
-            slurm = from_dict(Slurm, spec, "slurm")
-            slurm.check()
-        except ConfigError as e:
-            raise self.w.error(where, str(e), "fix the Slurm layout (docs/slurm.md)") from None
-        except ValueError as e:
-            raise self.w.error(where, str(e), "lengthen time or shorten signal_margin_s") from None
-        if slurm.nodes < 1:
-            raise self.w.error(f"{where} nodes", f"{slurm.nodes}", "give at least 1")
-        return slurm
+        return parse_slurm(self.w, spec, where)
 
     def _plan_file(self) -> dict[str, dict[str, Any]]:
         spec = self.data.get("plan_file")
@@ -353,7 +267,7 @@ class _Loader:
 
     def _headers(self) -> Headers:
         spec = self.file.headers
-        study_file = _relative(self.path, self.repo)
+        study_file = relative_path(self.path, self.repo)
         return Headers(
             config=spec.config or CONFIG_HEADER,
             script=spec.script or SCRIPT_HEADER,
@@ -503,7 +417,7 @@ class _Loader:
             description=description,
             overrides=overrides,
             slurm=slurm,
-            config_file=_written(compact, config_path),
+            config_file=written_config(compact, config_path),
             stem=stem,
         )
 
@@ -597,17 +511,7 @@ class _Loader:
         return to_dict(cfg)
 
     def _planned(self, slurm: Slurm, stem: str, where: str) -> Slurm:
-        row = self.plan.get(stem)
-        if row is None:  # not planned yet: the layout's own time limit
-            return slurm
-        if not row.get(f"fits_{self.gpu}", True):
-            raise self.w.error(
-                where,
-                f"the plan file says it does not fit an {self.gpu.upper()} ({row['train_peak_gib']} GiB per GPU)",
-                "change its micro batch or recompute, then re-plan: pretrain-plan --paper --write",
-            )
-        hours = time_limit_hours(row["run_hours"] * row["executed_flops"] / row["model_flops"])
-        return slurm.replace(time=f"{hours}:00:00")
+        return planned_slurm(self.w, slurm, self.plan.get(stem), self.gpu, where)
 
     def _check_unique(self, runs: list[StudyRun]) -> None:
         for attr, what, fix in (
@@ -685,78 +589,4 @@ def _inherit_paths(inherit: Any) -> list[str]:
     return []
 
 
-def _relative(path: Path, repo: Path) -> str:
-    try:
-        return path.relative_to(repo).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def _written(compact: dict[str, Any], config_path: str) -> dict[str, Any]:
-    """The config file's content: the study's repository paths in `inherit:` become paths
-    from the config's own folder, as the config loader reads them."""
-    out = copy.deepcopy(compact)
-    inherit = out.get("inherit")
-    if inherit is None:
-        return out
-    here = os.path.dirname(config_path) or "."
-
-    def rel(p: str) -> str:
-        return Path(os.path.relpath(p, here)).as_posix()
-
-    if isinstance(inherit, str):
-        out["inherit"] = rel(inherit)
-    elif isinstance(inherit, list):
-        out["inherit"] = [rel(str(p)) for p in inherit]
-    elif isinstance(inherit, dict):
-        out["inherit"] = {k: rel(str(p)) for k, p in inherit.items()}
-    return out
-
-
-def as_array(study: Study, max_running: int | None = None) -> Study:
-    """The study as one Slurm job array: no per-run scripts, one header for every task (the
-    longest time limit of its runs); refuses runs whose layouts differ otherwise."""
-    w = Where(study.path)
-    if study.slurm is None or study.array_script is None:
-        raise w.error(
-            "slurm", "the study has no Slurm layout, so no job array", "add slurm: to the study"
-        )
-    headers = {r.slurm.replace(time="0") for r in study.runs if r.slurm is not None}
-    if len(headers) > 1:
-        raise w.error(
-            "slurm",
-            "its runs have different Slurm layouts (a grid's slurm:), and an array has one header",
-            "write one script per run (no --array), or give every grid the same layout",
-        )
-    if max_running is not None and max_running < 1:
-        raise w.error("--array %N", f"{max_running}", "give a positive number of runs at once")
-    runs = tuple(replace(r, script_path=None) for r in study.runs)
-    return replace(
-        study,
-        runs=runs,
-        array=True,
-        max_running=max_running if max_running is not None else study.max_running,
-    )
-
-
-def array_header(study: Study) -> Slurm:
-    """The job array's Slurm header: the study's layout at the longest time of its runs."""
-    assert study.slurm is not None
-    runs = [r.slurm for r in study.runs if r.slurm is not None]
-    longest = max(runs, key=lambda s: _seconds(s.time)) if runs else study.slurm
-    return longest
-
-
-def _seconds(time: str) -> int:
-    return time_limit_s(time)
-
-
-__all__ = [
-    "Headers",
-    "Study",
-    "StudyError",
-    "StudyRun",
-    "array_header",
-    "as_array",
-    "load_study",
-]
+__all__ = ["load_study"]

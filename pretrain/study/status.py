@@ -51,7 +51,7 @@ from pretrain.study.slurm_jobs import (
 )
 
 if TYPE_CHECKING:
-    from pretrain.study.spec import Study, StudyRun
+    from pretrain.study.runs import Study, StudyRun
 
 NOT_STARTED = "not started"
 QUEUED = "queued"

@@ -11,7 +11,7 @@ import yaml
 
 from pretrain.run_layout import atomic_write
 from pretrain.study.fields import Where, render_template
-from pretrain.study.spec import Headers, Study, StudyRun, array_header, as_array
+from pretrain.study.runs import Headers, Study, StudyRun, array_header, as_array
 
 LAUNCH = "slurm/launch.sh"
 
