@@ -49,6 +49,8 @@ LATEST_TESTS = [
     "tests/test_train_deepspeed_adapter.py",  # each DeepSpeed private name we rely on
     "tests/test_train_golden.py",
     "tests/test_benchmark_peers.py",
+    "tests/test_config_schema.py",  # pydantic's errors, worded as ours; jsonschema
+    "tests/test_train_config.py",
 ]
 LATEST_TIMEOUT = 1200  # seconds for those tests; CI's whole budget is 90 minutes
 
