@@ -2,12 +2,18 @@
 within 10 minutes on CI's 2 cores, `make test-quick` within 2. A pytest plugin (conftest.py
 loads it):
 
-- a test whose setup and call take over `slow_limit_s` (pyproject.toml, 60 s) fails unless
-  it is marked `@pytest.mark.slow(reason="...")` saying why it costs that much, so the budget
-  cannot erode one test at a time. A fixture of module or session scope is shared by the tests
-  that use it, so its setup is not charged to the first test that happens to need it: it is
-  held to the same limit on its own (a shared fixture over it fails that first test, naming the
-  fixture), since every test of its file pays for it;
+- a test whose setup and call cost over `slow_limit_s` (pyproject.toml, 60) CPU seconds (its
+  process's, every thread, and its children's) fails unless it is marked
+  `@pytest.mark.slow(reason="...")` saying why it costs that much, so the budget cannot erode
+  one test at a time. CPU seconds, not wall seconds: a busy machine (a load of 7 on 2 cores)
+  stretches a test's wall time 2-4x but not what it computes, and failed five sound tests
+  when wall time was the measure. Under CI=true (CI's own, quiet machine) wall seconds are
+  held to the limit too, so a test that waits rather than computes (a Slurm job, a timeout)
+  cannot grow unseen. A fixture of module or session scope is shared by the tests that use it,
+  so its setup is not charged to the first test that happens to need it: it is held to the
+  same limit on its own (a shared fixture over it fails that first test, naming the fixture),
+  since every test of its file pays for it; `PRETRAIN_SUITE_RECORD=FILE` writes every test's
+  wall and CPU seconds (the figures the limit is checked against);
 - the end of every run prints the seconds per test file, slowest first: the table in
   docs/reproducibility.md comes from CI's log;
 - `make test` runs on two workers (pytest-xdist, `-n 2 --dist loadfile`), which this plugin
@@ -20,20 +26,73 @@ loads it):
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import time
 from pathlib import Path
 
 import pytest
 
-_SETUP_SECONDS = pytest.StashKey[float]()
-_SHARED_SECONDS = pytest.StashKey[dict]()  # fixture name -> seconds its (shared) setup took
+_SETUP = pytest.StashKey[tuple]()  # (wall, cpu) seconds of the setup phase
+_CALL = pytest.StashKey[tuple]()  # (wall, cpu) seconds of the call
+_SHARED = pytest.StashKey[dict]()  # fixture name -> (wall, cpu) of its (shared) setup
 _current: list = []  # the item being set up, for pytest_fixture_setup
+# One line per test, `{"test", "wall", "cpu"}`, when set: the figures the limit was chosen by
+# (docs/reproducibility.md, "The suite's time").
+RECORD_ENV = "PRETRAIN_SUITE_RECORD"
+
+
+def _child_cpu() -> dict[int, float]:
+    """This process's children now, pid -> CPU seconds so far (theirs and their reaped
+    children's), from /proc; {} where there is none."""
+    me, tick, out = os.getpid(), os.sysconf("SC_CLK_TCK"), {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # ppid; then utime, stime, cutime, cstime at 11..14
+            out[pid] = sum(int(x) for x in fields[11:15]) / tick
+    return out
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children that have ended: what
+    a test costs, which a busy machine stretches in wall time but hardly in CPU time."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+# Taken at import: a test that patches time.perf_counter (the metrics tests do) must not bend
+# the clock its own budget is read from.
+_perf_counter = time.perf_counter
+
+
+def _clocks() -> tuple[float, float, dict[int, float]]:
+    return _perf_counter(), cpu_seconds(), _child_cpu()
+
+
+def _since(start: tuple[float, float, dict[int, float]]) -> tuple[float, float]:
+    """(wall, CPU) seconds since `start`. A child of an earlier test that ended (a run killed
+    and left to Python's subprocess module, which reaps it at the next Popen) adds its whole
+    life's CPU to ours when it is reaped: what it had at `start` is taken back out."""
+    wall, cpu, now = _clocks()
+    earlier = sum(seconds for pid, seconds in start[2].items() if pid not in now)
+    return wall - start[0], max(0.0, cpu - start[1] - earlier)
 
 
 def pytest_addoption(parser) -> None:
     parser.addini(
         "slow_limit_s",
-        "seconds of setup + call over which a test must be marked slow(reason=...)",
+        "CPU seconds of setup + call (this process and its children) over which a test must "
+        "be marked slow(reason=...); under CI=true wall seconds are held to it too",
         default="60",
     )
 
@@ -49,47 +108,81 @@ def slow_reason(item) -> str:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     _current.append(item)
+    start = _clocks()
     try:
         yield
     finally:
         _current.pop()
+        item.stash[_SETUP] = _since(start)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef, request):
-    start = time.perf_counter()
+    if fixturedef.scope == "function" or not _current:
+        yield
+        return
+    start = _clocks()
     yield
-    if fixturedef.scope != "function" and _current:
-        shared = _current[-1].stash.setdefault(_SHARED_SECONDS, {})
-        shared[fixturedef.argname] = time.perf_counter() - start
+    if _current:
+        _current[-1].stash.setdefault(_SHARED, {})[fixturedef.argname] = _since(start)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    start = _clocks()
+    yield
+    item.stash[_CALL] = _since(start)
+
+
+def _over(item) -> str | None:
+    """Why the test is over its budget, or None. CPU seconds always (a busy machine cannot
+    fail a test); wall seconds too under CI=true, CI's own quiet machine, where a test that
+    waits (a Slurm job, a timeout) rather than computes would otherwise grow unseen."""
+    limit = float(item.config.getini("slow_limit_s"))
+    shared = item.stash.get(_SHARED, {})
+    setup, call = item.stash.get(_SETUP, (0.0, 0.0)), item.stash.get(_CALL, (0.0, 0.0))
+    # The setup phase includes the shared fixtures it set up: count each second once.
+    own = [max(0.0, setup[i] - sum(s[i] for s in shared.values())) + call[i] for i in (0, 1)]
+    clocks = [(1, "CPU seconds")] + (
+        [(0, "wall seconds")] if os.environ.get("CI") == "true" else []
+    )
+    for i, unit in clocks:
+        if own[i] > limit:
+            return (
+                f"{item.nodeid} took {own[i]:.1f} {unit} (its own setup and call; "
+                f"{own[0]:.1f} s wall, {own[1]:.1f} s CPU), over the {limit:g} a test may take"
+            )
+        for name, s in shared.items():
+            if s[i] > limit:
+                return (
+                    f"the shared fixture {name!r} (first set up for {item.nodeid}) took "
+                    f"{s[i]:.1f} {unit}, over the {limit:g} a test may take"
+                )
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if call.when == "setup":
-        item.stash[_SETUP_SECONDS] = call.duration
-    if call.when != "call" or not report.passed:
+    if call.when != "call":
         return
-    limit = float(item.config.getini("slow_limit_s"))
-    shared = item.stash.get(_SHARED_SECONDS, {})
-    # The setup phase includes the shared fixtures it set up: count each second once.
-    own = max(0.0, item.stash.get(_SETUP_SECONDS, 0.0) - sum(shared.values())) + call.duration
-    over = {name: s for name, s in shared.items() if s > limit}
-    if slow_reason(item) or (own <= limit and not over):
+    record = os.environ.get(RECORD_ENV)
+    if record:
+        setup, run = item.stash.get(_SETUP, (0.0, 0.0)), item.stash.get(_CALL, (0.0, 0.0))
+        line = {"test": item.nodeid, "wall": setup[0] + run[0], "cpu": setup[1] + run[1]}
+        line["shared"] = {k: list(v) for k, v in item.stash.get(_SHARED, {}).items()}
+        with open(record, "a") as f:
+            f.write(json.dumps(line) + "\n")
+    if not report.passed or slow_reason(item):
+        return
+    why = _over(item)
+    if why is None:
         return
     report.outcome = "failed"
-    what = (
-        f"{item.nodeid} took {own:.1f} s (its own setup and call)"
-        if own > limit
-        else f"the shared fixture {next(iter(over))!r} (first set up for {item.nodeid}) took "
-        f"{max(over.values()):.1f} s"
-    )
     report.longrepr = (
-        f"{what}, over the {limit:g} s a test may take (slow_limit_s): make it cheaper "
-        f'(docs/reproducibility.md, "The suite\'s time"), or mark the test '
-        f'@pytest.mark.slow(reason="...") saying why it costs that much'
+        f"{why} (slow_limit_s): make it cheaper (docs/reproducibility.md, \"The suite's "
+        f'time"), or mark the test @pytest.mark.slow(reason="...") saying why it costs that much'
     )
 
 
