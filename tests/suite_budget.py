@@ -2,8 +2,9 @@
 within 10 minutes on CI's 2 cores, `make test-quick` within 2. A pytest plugin (conftest.py
 loads it):
 
-- a test whose setup and call cost over `slow_limit_s` (pyproject.toml, 60) CPU seconds (its
-  process's, every thread, and its children's) fails unless it is marked
+- a test whose setup and call cost more than `slow_limit_s` (60) seconds of CI's
+  `slow_limit_cores` (2) cores, 120 CPU seconds (its process's, every thread, and its
+  children's), fails unless it is marked
   `@pytest.mark.slow(reason="...")` saying why it costs that much, so the budget cannot erode
   one test at a time. CPU seconds, not wall seconds: a busy machine (a load of 7 on 2 cores)
   stretches a test's wall time 2-4x but not what it computes, and failed five sound tests
@@ -91,9 +92,15 @@ def _since(start: tuple[float, float, dict[int, float]]) -> tuple[float, float]:
 def pytest_addoption(parser) -> None:
     parser.addini(
         "slow_limit_s",
-        "CPU seconds of setup + call (this process and its children) over which a test must "
-        "be marked slow(reason=...); under CI=true wall seconds are held to it too",
+        "seconds of setup + call on CI's cores over which a test must be marked "
+        "slow(reason=...): CPU seconds over this x slow_limit_cores (this process and its "
+        "children); under CI=true wall seconds over this too",
         default="60",
+    )
+    parser.addini(
+        "slow_limit_cores",
+        "the cores the budget is for (CI's 2): a test may keep them all busy",
+        default="2",
     )
 
 
@@ -138,25 +145,26 @@ def _over(item) -> str | None:
     """Why the test is over its budget, or None. CPU seconds always (a busy machine cannot
     fail a test); wall seconds too under CI=true, CI's own quiet machine, where a test that
     waits (a Slurm job, a timeout) rather than computes would otherwise grow unseen."""
-    limit = float(item.config.getini("slow_limit_s"))
+    wall_limit = float(item.config.getini("slow_limit_s"))
+    cores = float(item.config.getini("slow_limit_cores"))
     shared = item.stash.get(_SHARED, {})
     setup, call = item.stash.get(_SETUP, (0.0, 0.0)), item.stash.get(_CALL, (0.0, 0.0))
     # The setup phase includes the shared fixtures it set up: count each second once.
     own = [max(0.0, setup[i] - sum(s[i] for s in shared.values())) + call[i] for i in (0, 1)]
-    clocks = [(1, "CPU seconds")] + (
-        [(0, "wall seconds")] if os.environ.get("CI") == "true" else []
-    )
-    for i, unit in clocks:
+    clocks = [(1, "CPU seconds", wall_limit * cores)]
+    if os.environ.get("CI") == "true":
+        clocks.append((0, "wall seconds", wall_limit))
+    for i, unit, limit in clocks:
         if own[i] > limit:
             return (
                 f"{item.nodeid} took {own[i]:.1f} {unit} (its own setup and call; "
-                f"{own[0]:.1f} s wall, {own[1]:.1f} s CPU), over the {limit:g} a test may take"
+                f"{own[0]:.1f} s wall, {own[1]:.1f} s CPU), over the {limit:g} {unit} a test may take"
             )
         for name, s in shared.items():
             if s[i] > limit:
                 return (
                     f"the shared fixture {name!r} (first set up for {item.nodeid}) took "
-                    f"{s[i]:.1f} {unit}, over the {limit:g} a test may take"
+                    f"{s[i]:.1f} {unit}, over the {limit:g} {unit} a test may take"
                 )
     return None
 
