@@ -85,9 +85,11 @@ lock:
 		--no-emit-package torch --no-emit-find-links --custom-compile-command "make lock" \
 		-o $(LOCK)
 
+# ruff, then the layers' import contracts (docs/architecture.md; tests/contracts.py).
 lint: venv
 	$(VENV)/bin/ruff check pretrain tools tests requirements
 	$(VENV)/bin/ruff format --check pretrain tools tests requirements
+	$(PY) tests/contracts.py
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-hf-oldest .venv-hf-newest .venv-lock runs/quickstart

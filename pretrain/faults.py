@@ -31,6 +31,7 @@ import time
 import torch
 
 from pretrain.config import FaultConfig
+from pretrain.exit_codes import EXIT_KILLED
 from pretrain.run_layout import RunLayout, atomic_write
 
 KILL_ENV = "PRETRAIN_TEST_KILL_AT"
@@ -61,7 +62,7 @@ def kill_requested(name: str, step: int) -> bool:
 
 def die() -> None:
     """Exit at once, as kill -9 would: no finally blocks, no atexit, no flushed buffers."""
-    os._exit(137)
+    os._exit(EXIT_KILLED)
 
 
 def fault_point(name: str, step: int) -> None:

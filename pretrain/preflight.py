@@ -20,7 +20,7 @@ from pretrain.config import Config, ConfigError, check_world_size
 from pretrain.data.config import check_data_paths
 from pretrain.eval.tasks import resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
-from pretrain.model.weights import init_from_source
+from pretrain.weights import init_from_source
 
 FP8_CAPABILITY = (8, 9)  # the first compute capability with fp8 tensor cores (Ada, Hopper)
 

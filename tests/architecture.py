@@ -26,10 +26,22 @@ class Module:
     top_imports: set[str] = field(default_factory=set)  # our modules imported at load time
     inner_imports: set[str] = field(default_factory=set)  # ... inside functions
     inner_count: int = 0  # import statements of ours inside functions
+    # Under `if TYPE_CHECKING:` (also in top_imports: annotations tie layers together too),
+    # never executed, so not imported at load time.
+    typing_imports: set[str] = field(default_factory=set)
+
+    @property
+    def load_time_imports(self) -> set[str]:
+        """Our modules that `import` of this one really loads."""
+        return self.top_imports - self.typing_imports
+
+    @property
+    def imports(self) -> set[str]:
+        return self.top_imports | self.inner_imports
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -60,14 +72,22 @@ def _targets(node: ast.AST, current: str, is_package: bool, known: set[str]) -> 
     return out
 
 
-def load_modules() -> dict[str, Module]:
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def load_modules(root: Path = ROOT) -> dict[str, Module]:
+    """Every module of `root`/pretrain and the modules of ours each imports."""
     # hf/remote_code is shipped inside exports and imports nothing of ours; it is a module
     # like the others here, so that importing it is not mistaken for importing hf/__init__.
-    paths = list(PACKAGE.rglob("*.py"))
-    known = {module_name(p) for p in paths}
+    paths = list((root / "pretrain").rglob("*.py"))
+    known = {module_name(p, root) for p in paths}
     modules = {}
     for path in sorted(paths):
-        name = module_name(path)
+        name = module_name(path, root)
         source = path.read_text()
         mod = Module(name, path, len(source.splitlines()))
         is_package = path.name == "__init__.py"
@@ -84,6 +104,8 @@ def load_modules() -> dict[str, Module]:
                     mod.inner_count += bool(targets)
                 else:
                     mod.top_imports |= targets
+                    if any(_is_type_checking(p) for p in parents):
+                        mod.typing_imports |= targets
             for child in ast.iter_child_nodes(node):
                 visit(child, [*parents, node])
 

@@ -1,6 +1,7 @@
 """Users' callbacks, as a config names them (`callbacks: [{class: callback_probe.HookRecorder}]`):
 HookRecorder records every hook it sees and keeps a step count in the checkpoints; SyncTwin
-saves synchronously beside a run's own (asynchronous) saves, for comparison."""
+saves synchronously beside a run's own (asynchronous) saves, for comparison; RecordSink is a
+user's own sink: every record of the run, one JSON line each."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 from pretrain.config import CheckpointConfig
 from pretrain.train.callbacks import Callback
 from pretrain.train.checkpoint import Checkpointer
+from pretrain.train.publish import Sink
+from pretrain.train.records import Notice, Rewound, StepOutput
 
 
 class HookRecorder(Callback):
@@ -82,3 +85,26 @@ class SyncTwin(Callback):
                 trainer.save()
             finally:
                 trainer.run = run
+
+
+class RecordSink(Sink):
+    """A sink in one class: each record as a JSON line in `out` (rank 0)."""
+
+    def __init__(self, out: str) -> None:
+        self.out, self.main = Path(out), False
+
+    def open(self, trainer) -> None:
+        self.main = trainer.is_main
+
+    def write(self, record) -> None:
+        if not self.main:
+            return
+        if isinstance(record, StepOutput):
+            row = ["step", record.step, dict(record.scalars)]
+        elif isinstance(record, Rewound):
+            row = ["rewound", record.step, dict(record.scalars)]
+        else:
+            assert isinstance(record, Notice)
+            row = ["notice", record.step, record.text]
+        with open(self.out, "a") as f:
+            f.write(json.dumps(row) + "\n")

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
+import contracts
 import pytest
 import tomllib
 from architecture import (
@@ -16,7 +22,6 @@ from architecture import (
     ROOT,
     attributes_outside_init,
     function_lines,
-    import_circles,
     load_modules,
     strongly_connected,
     trainer_names_used_by_callbacks,
@@ -25,34 +30,10 @@ from architecture import (
 MODULES = load_modules()
 
 
-def _imports(name: str) -> set[str]:
-    mod = MODULES[name]
-    return mod.top_imports | mod.inner_imports
-
-
-def _layer_violations(layer: str, forbidden: tuple[str, ...]) -> list[str]:
-    bad = []
-    for name in MODULES:
-        if name == layer or name.startswith(layer + "."):
-            bad += [
-                f"{name} -> {t}"
-                for t in sorted(_imports(name))
-                if any(t == f or t.startswith(f + ".") for f in forbidden)
-            ]
-    return bad
-
-
 def test_the_circle_finder_finds_circles():
     # The measuring tool itself: a circle of three, a self-standing chain, a two-cycle.
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}}
     assert sorted(map(sorted, strongly_connected(graph))) == [["a", "b", "c"], ["e", "f"]]
-
-
-def test_no_import_circles():
-    circles = import_circles(MODULES)
-    assert not circles, "import circles (imports inside functions count): " + "; ".join(
-        " <-> ".join(sorted(c)) for c in circles
-    )
 
 
 def test_few_imports_of_our_modules_inside_functions():
@@ -61,77 +42,124 @@ def test_few_imports_of_our_modules_inside_functions():
     assert sum(counts.values()) <= 50, sorted(counts.items(), key=lambda kv: -kv[1])[:10]
 
 
-@pytest.mark.parametrize(
-    "layer, forbidden",
-    [
-        # model/ imports nothing of ours but the base (config, errors, the run folder's names).
-        (
-            "pretrain.model",
-            (
-                "pretrain.train",
-                "pretrain.data",
-                "pretrain.eval",
-                "pretrain.planner",
-                "pretrain.cli",
-                "pretrain.hf",
-                "pretrain.study",
-                "pretrain.config_checks",
-            ),
-        ),
-        ("pretrain.data", ("pretrain.train", "pretrain.eval", "pretrain.planner", "pretrain.cli")),
-        ("pretrain.train", ("pretrain.planner", "pretrain.cli", "pretrain.study")),
-        ("pretrain.planner", ("pretrain.cli",)),
-        ("pretrain.eval", ("pretrain.planner", "pretrain.cli")),
-        ("pretrain.hf", ("pretrain.cli", "pretrain.train", "pretrain.planner")),
-    ],
-)
-def test_dependencies_point_down(layer, forbidden):
-    assert not _layer_violations(layer, forbidden)
+def _tree_copy(tmp_path: Path) -> Path:
+    """The package's sources in `tmp_path`, for a deliberate violation."""
+    for path in PACKAGE.rglob("*.py"):
+        target = tmp_path / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return tmp_path
 
 
-# The config's sections, each declared beside its feature, and what they check against.
-SECTIONS = {
-    "pretrain.model.config",
-    "pretrain.model.recompute",
-    "pretrain.data.config",
-    "pretrain.train.config",
-    "pretrain.eval.config",
-    "pretrain.eval.tasks",
-    "pretrain.eval.tasks.convert",
+def _append(root: Path, module: str, code: str) -> None:
+    path = root / module
+    path.write_text(path.read_text() + "\n" + textwrap.dedent(code))
+
+
+def test_import_contracts_hold():
+    # What `make lint` runs (python tests/contracts.py).
+    assert {k: v for k, v in contracts.broken().items() if v} == {}
+    assert {c.name for c in contracts.CONTRACTS} == set(VIOLATIONS)
+
+
+# One deliberate violation per contract: the module it goes in, the code, the line expected.
+VIOLATIONS = {
+    "layers": (
+        "pretrain/eval/metrics.py",
+        "import pretrain.hf\n",
+        "pretrain.eval.metrics -> pretrain.hf",
+    ),
+    "model-imports-only-config": (
+        "pretrain/model/rope.py",
+        "from pretrain.run_layout import atomic_write\n",
+        "pretrain.model.rope -> pretrain.run_layout",
+    ),
+    "data-below-evaluation": (
+        "pretrain/data/tokenizer.py",
+        "def f():\n    from pretrain.eval import metrics\n",
+        "pretrain.data.tokenizer -> pretrain.eval.metrics",
+    ),
+    "study-loads-no-training": (
+        "pretrain/study/status.py",
+        "from pretrain.train import distributed\n",
+        "pretrain.study.status -> pretrain.train.distributed",
+    ),
+    "gpucheck-apart-from-benchmarks": (
+        "pretrain/gpucheck/report.py",
+        "def f():\n    import pretrain.benchmarks.optim\n",
+        "pretrain.gpucheck.report -> pretrain.benchmarks.optim",
+    ),
+    "no-circles": (
+        "pretrain/hf/targets/llama.py",
+        "def f():\n    from pretrain.hf.targets import get_target\n",
+        "pretrain.hf.targets.llama -> pretrain.hf.targets (its own package)",
+    ),
+    "programs-in-cli": (
+        "pretrain/eval/metrics.py",
+        'if __name__ == "__main__":\n    pass\n',
+        "pretrain.eval.metrics: a __main__ block (a program belongs in pretrain/cli/)",
+    ),
+    "exit-codes-named": (
+        "pretrain/train/trainer.py",
+        "def f():\n    import sys\n\n    sys.exit(3)\n",
+        "exit code 3 unnamed",
+    ),
 }
 
 
-def test_the_base_imports_only_the_base():
-    # The base (config, its schema, errors, the run folder's names) and the config's
-    # sections import only each other: reading a config loads no model, trainer or torch.
-    base = {
-        "pretrain.config",
-        "pretrain.schema",
-        "pretrain.errors",
-        "pretrain.faults",
-        "pretrain.integrity",
-        "pretrain.run_layout",
-        "pretrain.slurm_limits",
-        *SECTIONS,
-    }
-    bad = [
-        f"{name} -> {t}"
-        for name in sorted(base & set(MODULES))
-        for t in sorted(_imports(name))
-        if t not in base and t != "pretrain"
-    ]
-    assert not bad
+@pytest.mark.parametrize("contract", sorted(VIOLATIONS))
+def test_each_contract_fails_on_a_violation(tmp_path, contract):
+    module, code, expected = VIOLATIONS[contract]
+    root = _tree_copy(tmp_path)
+    assert {k: v for k, v in contracts.broken(root).items() if v} == {}  # the copy is clean
+    _append(root, module, code)
+    lines = contracts.broken(root)[contract]
+    assert any(expected in line for line in lines), lines
 
 
-def test_nothing_imports_the_programs():
-    bad = [
-        f"{name} -> {t}"
-        for name in MODULES
-        if not name.startswith("pretrain.cli") and name != "pretrain.main"
-        for t in _imports(name)
-        if t.startswith("pretrain.cli")
-    ]
-    assert not bad
+def test_a_circle_breaks_the_no_circles_contract(tmp_path):
+    root = _tree_copy(tmp_path)
+    _append(
+        root, "pretrain/model/rope.py", "def f():\n    from pretrain.model import transformer\n"
+    )
+    lines = contracts.broken(root)["no-circles"]
+    assert any("pretrain.model.rope" in line and " <-> " in line for line in lines), lines
+
+
+def test_the_contract_program_fails_on_a_violation(tmp_path):
+    # `make lint`'s own command: exit 1 and the broken rule named.
+    root = _tree_copy(tmp_path)
+    (root / "tests").mkdir()
+    for name in ("contracts.py", "architecture.py"):
+        shutil.copyfile(ROOT / "tests" / name, root / "tests" / name)
+    command = [sys.executable, "tests/contracts.py"]
+    ok = subprocess.run(command, cwd=root, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    _append(root, "pretrain/model/norm.py", "import pretrain.train.engine\n")
+    bad = subprocess.run(command, cwd=root, capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "contract model-imports-only-config" in bad.stdout
+    assert "pretrain.model.norm -> pretrain.train.engine" in bad.stdout
+
+
+def test_a_lazy_study_import_of_the_planner_is_allowed(tmp_path):
+    # "When it loads": an import inside a function or for annotations only is not one.
+    root = _tree_copy(tmp_path)
+    code = (
+        "if TYPE_CHECKING:\n    from pretrain.planner.gpus import GPU\n\n\n"
+        "def f():\n    from pretrain.planner import search\n"
+    )
+    _append(root, "pretrain/study/status.py", code)
+    assert contracts.broken(root)["study-loads-no-training"] == []
+
+
+def test_exit_codes_are_the_ones_slurm_requeues():
+    # slurm/launch.sh holds its own copies (a shell script cannot import them).
+    from pretrain import exit_codes
+
+    script = (ROOT / "slurm" / "launch.sh").read_text()
+    for name in ("EXIT_PREEMPTED", "EXIT_HUNG"):
+        assert re.search(rf"^{name}={getattr(exit_codes, name)}\b", script, re.M), name
 
 
 def test_planner_modules_are_small():
@@ -206,12 +234,6 @@ def test_programs_live_in_cli():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pretrain")
         }
         assert targets and all(t.startswith("pretrain.cli") for t in targets), (tool, targets)
-    parsers = sorted(
-        str(p.relative_to(ROOT))
-        for p in PACKAGE.rglob("*.py")
-        if "ArgumentParser(" in p.read_text() and p.parent.name not in {"cli", "benchmarks"}
-    )
-    assert parsers == []
 
 
 def test_public_functions_are_defined_once():
@@ -254,9 +276,9 @@ def _our_exception_classes() -> dict[str, type]:
 
     found = {}
     for name in sorted(MODULES):
-        if name.startswith(("pretrain.benchmarks.peer", "pretrain.main")) or name.endswith(
-            "__main__"
-        ):
+        if name.startswith(
+            ("pretrain.benchmarks.peer", "pretrain.measure.peer", "pretrain.main")
+        ) or name.endswith("__main__"):
             continue  # litgpt's model (optional); the launcher's script shim
         module = importlib.import_module(name)
         for cls_name, cls in inspect.getmembers(module, inspect.isclass):
@@ -289,3 +311,46 @@ def test_every_error_of_ours_is_a_user_error_unless_named_a_failure():
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and "pretrain." in n.value
     ]
     assert not any(re.search(r"pretrain\.[\w.]+\.[A-Z]\w+", v) for v in names), names
+
+
+# A markdown separator row in a string: `|---|`, `|:---|`, `---:|` (a table built by hand).
+MARKDOWN_SEPARATOR = re.compile(r"\|\s*:?-{3,}|-{3,}:?\s*\|")
+ALIGNERS = re.compile(r"\.[lr]just\(")
+
+
+def _tables_by_hand(path: str, source: str) -> list[str]:
+    """path:line of each ljust/rjust call and each markdown separator row literal."""
+    bad = [f"{path}:{i}" for i, line in enumerate(source.splitlines(), 1) if ALIGNERS.search(line)]
+    bad += [
+        f"{path}:{node.lineno}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and MARKDOWN_SEPARATOR.search(node.value)
+    ]
+    return bad
+
+
+def test_tables_go_through_one_helper():
+    # pretrain/tables.py (over tabulate) draws every table; hf/remote_code ships inside
+    # exports, without pretrain/ or tabulate.
+    skip = {"pretrain/tables.py"}
+    bad = [
+        hit
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (rel := str(path.relative_to(ROOT))) not in skip
+        and not rel.startswith("pretrain/hf/remote_code/")
+        for hit in _tables_by_hand(rel, path.read_text())
+    ]
+    assert not bad, f"draw these tables with pretrain.tables (text_table, pipe_table): {bad}"
+    # What it catches: an aligner, a separator row, and one inside an f-string.
+    hand_made = "w = 3\nprint('a'.ljust(w), 'b'.rjust(w))\nrows = ['|---|---:|', f'{w}---|']\n"
+    assert _tables_by_hand("x.py", hand_made) == ["x.py:2", "x.py:3", "x.py:3"]
+    # The helper is in the base: it imports tabulate and the standard library, nothing of ours.
+    import sys
+
+    tree = ast.parse((PACKAGE / "tables.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    top = {m.split(".")[0] for m in imported} - set(sys.stdlib_module_names) - {"__future__"}
+    assert top == {"tabulate"}, imported

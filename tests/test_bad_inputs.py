@@ -88,7 +88,7 @@ def weights(name: str = "w") -> Callable[[Path], None]:
     def setup(t: Path) -> None:
         from pretrain.config import ModelConfig
         from pretrain.model.transformer import Transformer
-        from pretrain.model.weights import save_weights
+        from pretrain.weights import save_weights
 
         cfg = ModelConfig(
             vocab_size=64,
@@ -289,7 +289,7 @@ CASES = [
         "main-callback-not-callback",
         "main",
         CFG,
-        "is neither a pretrain.train.callbacks.Callback nor",
+        "is not a subclass of pretrain.train.callbacks.Callback,",
         run_cfg(callbacks=[{"class": "pathlib.Path"}]),
     ),
     Case(

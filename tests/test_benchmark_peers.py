@@ -13,7 +13,10 @@ import torch
 from conftest import missing
 
 from pretrain.benchmarks import peers
-from pretrain.benchmarks.peer_models import (
+from pretrain.gpucheck.stages import peers_result
+from pretrain.hf.targets.neox import neox_qkv
+from pretrain.measure import peer_race
+from pretrain.measure.peer_models import (
     IMPLEMENTATIONS,
     PEERS,
     SHAPES,
@@ -22,15 +25,13 @@ from pretrain.benchmarks.peer_models import (
     ours,
     shape_config,
 )
-from pretrain.gpucheck.stages import peers_result
-from pretrain.hf.targets.neox import neox_qkv
 from pretrain.model import Transformer
 
-# bf16 weights: our loss against each peer's, relative (peers.LOSS_TOLERANCE, the race's
+# bf16 weights: our loss against each peer's, relative (peer_race.LOSS_TOLERANCE, the race's
 # check, is 5e-3 for both). Measured on CPU at these sizes and at seq 2048: transformers
 # 1.4e-5 to 1.2e-4 (the same fp32 loss over bf16 logits as ours), litgpt 8e-4 to 2.7e-3
 # (its loss is a bf16 number: rounding alone is up to 2^-8 = 3.9e-3).
-BF16_TOLERANCE = {"transformers": 1e-3, "litgpt": peers.LOSS_TOLERANCE["bf16"]}
+BF16_TOLERANCE = {"transformers": 1e-3, "litgpt": peer_race.LOSS_TOLERANCE["bf16"]}
 
 
 def _need(implementation: str) -> None:
@@ -104,7 +105,7 @@ def test_peer_in_bf16_weights_has_our_loss(shape, implementation):
 
 
 def _race_args(**changes) -> argparse.Namespace:
-    """peers.race's command-line arguments at tiny sizes, every model compiled (dynamo's
+    """peer_race.race's command-line arguments at tiny sizes, every model compiled (dynamo's
     "eager" backend on CPU, as the smoke's)."""
     args = dict(
         d_model=64,
@@ -131,8 +132,8 @@ def _race_args(**changes) -> argparse.Namespace:
 
 
 def test_race_has_both_shapes_eager_and_compiled_with_their_checks():
-    """The GPU stage's code path (peers.race, then the stage's table and checks) at tiny sizes
-    in bf16 weights, every model also compiled (dynamo's "eager" backend on CPU, as the
+    """The GPU stage's code path (peer_race.race, then the stage's table and checks) at tiny
+    sizes in bf16 weights, every model also compiled (dynamo's "eager" backend on CPU, as the
     smoke's): for each shape, six rows, ratios to ours in the same mode, every loss within the
     race's tolerance, the compiled ones equal to their eager twin's, and the checks for eager
     and compiled measured."""
@@ -140,7 +141,7 @@ def test_race_has_both_shapes_eager_and_compiled_with_their_checks():
     args = _race_args()
     tables, checks = [], []
     for shape in SHAPES:
-        result = peers.race(args, "bf16", shape)
+        result = peer_race.race(args, "bf16", shape)
         assert result["not_compiled"] == {}
         assert "ours / fastest peer, compiled" in peers.format_result(result, "wall")
         out = peers_result(result, peak_flops=1e12)
@@ -152,7 +153,7 @@ def test_race_has_both_shapes_eager_and_compiled_with_their_checks():
         assert {r["precision"] for r in rows.values()} == {"bf16 weights"}
         for name, r in rows.items():
             assert r["compiled"] == name.endswith(", compiled")
-            assert r["loss_rel_error"] <= peers.LOSS_TOLERANCE["bf16"], name
+            assert r["loss_rel_error"] <= peer_race.LOSS_TOLERANCE["bf16"], name
             assert r["ratio_to_ours"] > 0 and r["ratio_to_eager"] > 0
             if r["compiled"]:  # dynamo's eager backend runs the same operators
                 eager = rows[name.removesuffix(", compiled")]
@@ -190,7 +191,7 @@ def test_a_model_that_does_not_compile_is_left_out_with_its_reason():
         bf16_rounds=1,
         compile_backend=broken,
     )
-    result = peers.race(args, "fp32", "llama1b")
+    result = peer_race.race(args, "fp32", "llama1b")
     assert set(result["not_compiled"]) == {f"{i}, compiled" for i in IMPLEMENTATIONS}
     assert all("compiles nothing" in why for why in result["not_compiled"].values())
     assert [r["model"] for r in result["rows"]] == list(IMPLEMENTATIONS)

@@ -249,7 +249,7 @@ def test_evaluation_and_export_warn_on_unverified_weights(tmp_path_factory, tmp_
     unverified checkpoint's weights with one warning naming it, and a verified one silently."""
     import logging
 
-    from pretrain.model.weights import load_weights
+    from pretrain.weights import load_weights
 
     _, base = baseline_run(tmp_path_factory)
     ckpts = tmp_path / "run" / "checkpoints"

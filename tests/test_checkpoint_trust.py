@@ -26,7 +26,6 @@ from pretrain.cli.check_checkpoint import main as check_checkpoint
 from pretrain.config import Config, from_dict
 from pretrain.integrity import file_record
 from pretrain.model.transformer import Transformer
-from pretrain.model.weights import CONFIG_FILE, WEIGHTS_FILE, WeightsError, load_initial_weights
 from pretrain.run_layout import STATE_FILE
 from pretrain.train.checkpoint import check_init_from
 from pretrain.train.state_files import (
@@ -36,6 +35,7 @@ from pretrain.train.state_files import (
     rng_state,
     set_rng_state,
 )
+from pretrain.weights import CONFIG_FILE, WEIGHTS_FILE, WeightsError, load_initial_weights
 
 TAG = "step_0000002"
 RNG = f"rng/rank_{0:05d}.pt"

@@ -10,10 +10,13 @@ import statistics
 
 import pytest
 import yaml
+from tables_support import unpadded
 
 from pretrain.config import Config, to_dict
 from pretrain.run_layout import CONFIG_FILE, RunLayout
-from pretrain.train.callbacks import MetricsFile, StepOutput
+from pretrain.train.records import StepOutput
+from pretrain.train.sinks import MetricsFile
+from pretrain.train.spikes import Verdict
 
 
 def load_cli():
@@ -30,28 +33,11 @@ def write_metrics(run, rows, resume_step=0):
 
     writer = MetricsFile()
     trainer = SimpleNamespace(is_main=True, layout=RunLayout(run), step=resume_step)
-    writer.on_train_start(trainer)
-    outs = [
-        StepOutput(
-            step=step,
-            loss=0.0,
-            grad_norm=None,
-            lr=0.0,
-            tokens=0,
-            batch_token_sum=0.0,
-            stopping=False,
-            log=False,
-            verdict=None,
-            evaluation=None,
-            eval_seconds=0.0,
-            scalars=scalars,
-            events=(),
-            images={},
-        )
-        for step, scalars in rows
-    ]
-    writer.on_values(trainer, outs)
-    writer.on_fit_end(trainer, 0)
+    writer.open(trainer)
+    for step, scalars in rows:
+        verdict = Verdict(step, step, scalars.get("train/loss", 0.0), None)
+        writer.write(StepOutput(step, False, scalars, verdict, (), {}))
+    writer.close(trainer, 0)
 
 
 def make_run(root, name, seed, theta, valid_losses, arc_easy=None, lambada_ppl=None):
@@ -109,7 +95,7 @@ def test_compare_groups_seeds_of_equal_configs(tmp_path, capsys):
         cli.main([str(a1), str(a2), str(b1), "--csv", str(csv_path), "--markdown", str(md_path)])
         == 0
     )
-    md = md_path.read_text()
+    md = unpadded(md_path.read_text())
     assert "| rope10_seed1 | 1 | 3.6000 | 3.5000 |" in md  # final and best valid loss
     assert "| rope10_seed2 | 2 | 3.4000 | 3.4000 |" in md
     mean = statistics.fmean([0.40, 0.44])
@@ -138,7 +124,7 @@ def test_compare_without_eval_and_bad_run(tmp_path, capsys):
     a = make_run(tmp_path, "only_loss", 1234, 10000.0, [(10, 5.0)])
     cli = load_cli()
     assert cli.main([str(a)]) == 0
-    out = capsys.readouterr().out
+    out = unpadded(capsys.readouterr().out)
     assert "| only_loss | 1234 | 5.0000 | 5.0000 |" in out and "–" in out
     assert cli.main([str(a), str(tmp_path / "missing_run")]) == 2
     assert "run folder not found" in capsys.readouterr().err
@@ -161,7 +147,7 @@ def test_welch_t_test_against_a_baseline(tmp_path, capsys):
     runs += [make_run(tmp_path, "theta50000_seed0", 0, 50000.0, [(100, 3.5)])]  # one seed: no test
     cli = load_cli()
     assert cli.main([str(r) for r in runs] + ["--baseline", "theta10000"]) == 0
-    out = capsys.readouterr().out
+    out = unpadded(capsys.readouterr().out)
     # Welch's t and Welch-Satterthwaite degrees of freedom, written out.
     m1, m2 = statistics.fmean(other), statistics.fmean(base)
     v1, v2 = statistics.variance(other) / 3, statistics.variance(base) / 3
@@ -298,7 +284,7 @@ def test_loss_at_each_length_table_csv_and_plot(tmp_path, capsys):
     out = tmp_path / "out"
     argv = runs + ["--csv", str(out / "c.csv"), "--positions-plot", str(out / "pos.png")]
     assert load_cli().main(argv) == 0
-    md = capsys.readouterr().out
+    md = unpadded(capsys.readouterr().out)
     assert "## Loss at each length" in md  # on without --positions: some run has the file
     header = "| config | seeds | rope scaling | 256 (1x) | 512 (2x) | 1024 (4x) | 2048 (8x) |"
     assert header in md
@@ -347,7 +333,7 @@ def test_loss_at_each_length_table_csv_and_plot(tmp_path, capsys):
 
     # --eval-step picks the evaluation of that step.
     assert load_cli().main([str(a1), "--eval-step", "50"]) == 0
-    md50 = capsys.readouterr().out
+    md50 = unpadded(capsys.readouterr().out)
     older = json.loads((a1 / "eval" / "step_0000050" / "positions.json").read_text())
     assert f"| rope10k | 1 | none | {_loss(older, 256):.4f} | {_loss(older, 512):.4f} |" in md50
 
@@ -367,7 +353,7 @@ def test_welch_t_test_at_each_length(tmp_path, capsys):
     single = make_run(tmp_path, "rope50k_seed0", 0, 50000.0, [(100, 3.5)])  # one seed: no test
     write_positions(single, 2.0, 0.1)
     assert load_cli().main(runs + [str(single), "--baseline", "rope10k"]) == 0
-    out = capsys.readouterr().out
+    out = unpadded(capsys.readouterr().out)
     assert "## Welch t-tests against rope10k, loss at each length" in out
     for length, title in ((256, "256 (1x)"), (1024, "1024 (4x)")):
         xs = [_loss(data["rope500", i], length) for i in range(2)]
@@ -424,7 +410,7 @@ def test_seeds_evaluated_at_fewer_lengths(tmp_path, capsys):
         f"| rope10k | 2 | none | {_cell([_loss(d1, 256), _loss(d2, 256)])} | "
         f"{_cell([_loss(d1, 512), _loss(d2, 512)])} | {_loss(d1, 1024):.4f} (n=1) |"
     )
-    assert row in capsys.readouterr().out
+    assert row in unpadded(capsys.readouterr().out)
     (curve,) = position_curves(compare([s1, s2])[1])
     assert (curve.length, curve.n, len(curve.x)) == (512, 2, 257)  # the longest both have
 

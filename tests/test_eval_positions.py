@@ -265,7 +265,7 @@ def test_evaluate_lengths_past_the_training_length(byte_run, tmp_path):
 
 
 def test_evaluate_lengths_refuses_learned_positions_with_one_line(tmp_path, capsys):
-    from pretrain.model.weights import save_weights
+    from pretrain.weights import save_weights
 
     model = tiny(max_seq_len=16, learned_pos_emb=True, rope_fraction=0.0)
     wdir = tmp_path / "run" / "checkpoints" / "step_0000001"

@@ -14,10 +14,11 @@ from conftest import shared_path
 
 from pretrain.cli.gpu_check import main
 from pretrain.errors import UserError
+from pretrain.exit_codes import EXIT_MORE, EXIT_OK
 from pretrain.gpucheck.kernels import DEFAULT_PRIORITY, Shape, kernel_family, predicted_kernel
 from pretrain.gpucheck.report import BEGIN, END, TABLE_TITLES, update_docs
 from pretrain.gpucheck.results import TABLES, check, check_schema
-from pretrain.gpucheck.runner import DOCS, EXIT_DONE, EXIT_MORE, Options, run_check
+from pretrain.gpucheck.runner import DOCS, Options, run_check
 from pretrain.gpucheck.stages import all_stages
 
 
@@ -38,7 +39,7 @@ def smoke(tmp_path_factory):
 
 def test_cpu_smoke_fills_every_stage_and_row(smoke):
     folder, _, _, second, data = smoke
-    assert second == EXIT_DONE
+    assert second == EXIT_OK
     stages = [s for s, _ in all_stages()]
     assert check_schema(data, stages) == []
     assert data["meta"]["mode"] == "cpu-smoke"
@@ -100,7 +101,7 @@ def test_a_stage_stopped_by_its_deadline_resumes_at_the_next_call(smoke):
 
 def test_report_and_docs_refuse_smoke_results(smoke, capsys):
     folder = smoke[0]
-    assert run_check(Options(report_only=True, results=folder, science=True)) == EXIT_DONE
+    assert run_check(Options(report_only=True, results=folder, science=True)) == EXIT_OK
     assert "figure(s) flagged" in capsys.readouterr().out
     with pytest.raises(UserError, match="GPU run"):
         run_check(Options(report_only=True, results=folder, update_docs=True))

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, shared_path
+from tables_support import unpadded
 
 from pretrain.config import ModelConfig, load_model_config
 from pretrain.data.tokenizer import ByteTokenizer, CharTokenizer, load_tokenizer
@@ -37,7 +38,7 @@ from pretrain.hf.convert import CLASS_NAMES, REMOTE
 from pretrain.hf.folder import shard_plan
 from pretrain.hf.targets.remote import REMOTE_CODE_DIR, REMOTE_FILES
 from pretrain.model import Transformer
-from pretrain.model.weights import load_weights, save_weights
+from pretrain.weights import load_weights, save_weights
 
 CONFIG_FILES = sorted((REPO / "configs").rglob("*.yaml"))
 GEN_TOKENS = 32
@@ -690,7 +691,7 @@ def test_remote_code_is_self_contained_and_copied(exports):
 
 def test_model_card_describes_the_architecture(exports):
     model, tok, export = exports["parallel-rmsnorm-swiglu-mha-partial_rope"]
-    card = (export.path / "README.md").read_text()
+    card = unpadded((export.path / "README.md").read_text())
     cfg = model.cfg
     for text in (
         "RopeLMForCausalLM",
@@ -797,7 +798,7 @@ def test_cli_export_check_and_import_round_trip(qknorm_run, tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert "RopeLMForCausalLM (remote code" in printed and "check: max |logit diff|" in printed
-    card = (out / "README.md").read_text()
+    card = unpadded((out / "README.md").read_text())
     for text in (
         "10,240",
         "step 20",

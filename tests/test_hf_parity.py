@@ -20,7 +20,7 @@ from transformers import (
 from pretrain.config import ModelConfig, load_model_config
 from pretrain.hf import HFConversionError, export_hf, from_hf, hf_config, to_hf
 from pretrain.model import Transformer
-from pretrain.model.weights import save_weights
+from pretrain.weights import save_weights
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import torch
 from pretrain.config import ConfigError, ModelConfig, from_dict, load_model_config
 from pretrain.model import KVCache, Transformer
 from pretrain.model.rope import apply_rope, inverse_frequencies, rope_cache
-from pretrain.model.weights import load_weights, save_weights
+from pretrain.weights import load_weights, save_weights
 
 PRESETS = Path(__file__).resolve().parents[1] / "configs" / "models"
 

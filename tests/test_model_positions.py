@@ -507,7 +507,7 @@ def test_an_alibi_model_round_trips_through_its_weights_folder(tmp_path):
     the slopes are derived, not loaded, and must not land on meta (the worked example's
     evaluation of its ALiBi runs failed there: "Cannot copy out of meta tensor")."""
     from pretrain.config import to_dict
-    from pretrain.model.weights import load_weights, save_weights
+    from pretrain.weights import load_weights, save_weights
 
     cfg = ModelConfig(
         vocab_size=64,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pretrain.config import ModelConfig
 from pretrain.hf.card import positions_text
 from pretrain.model.position import layer_positions
-from pretrain.train.callbacks.console import describe_positions
+from pretrain.train.sinks import describe_positions
 
 BASE = dict(vocab_size=100, n_layers=4, d_model=64, n_heads=4, d_ff=96, max_seq_len=64)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import pretrain.study.plan as plan_module
 from pretrain.study import load_study
 from pretrain.study.plan import PLAN_CACHE_DIR, plan_rows
 
@@ -59,7 +58,7 @@ def no_planner(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("the planner was called")
 
-    monkeypatch.setattr(plan_module, "plan_run", refuse)
+    monkeypatch.setattr("pretrain.planner.search.plan_run", refuse)  # plan_rows imports it per call
 
 
 def traced(log: str) -> list[str]:

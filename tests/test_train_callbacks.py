@@ -79,8 +79,8 @@ def test_custom_callback_from_the_config_sees_its_hooks_in_order(tmp_path, tmp_p
         ({"class": "no_such_module.Thing"}, "cannot import no_such_module"),
         (
             {"class": "pretrain.config.Config"},
-            "is neither a pretrain.train.callbacks.Callback nor a "
-            "pretrain.train.evaluators.Evaluator subclass",
+            "is not a subclass of pretrain.train.callbacks.Callback, "
+            "pretrain.train.evaluators.Evaluator or pretrain.train.publish.Sink",
         ),
         ({"class": "callback_probe.HookRecorder", "outt": "x"}, "does not accept ['outt']"),
     ],
@@ -137,6 +137,12 @@ def wandb_history(path: Path) -> list[dict]:
     return rows
 
 
+def _wandb_rows(run: Path) -> list[dict]:
+    (run_dir,) = (run / "wandb").glob("offline-run-*")
+    (history,) = run_dir.glob("*.wandb")
+    return wandb_history(history)
+
+
 def test_wandb_logs_the_runs_scalars_offline(tmp_path, tmp_path_factory):
     pytest.importorskip("wandb", reason="pip install wandb (the dev extras hold it)")
     data = stdlib_data(tmp_path_factory)
@@ -146,15 +152,74 @@ def test_wandb_logs_the_runs_scalars_offline(tmp_path, tmp_path_factory):
         write_config(tmp_path / "run.yaml", cfg), WANDB_MODE="offline", WANDB_SILENT="true"
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (run_dir,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
-    (history,) = run_dir.glob("*.wandb")
-    logged = {}
-    for row in wandb_history(history):
-        logged[int(row["_step"])] = row
+    logged = {int(row["train/step"]): row for row in _wandb_rows(tmp_path / "run")}
     want = metrics(tmp_path / "run")
     assert sorted(logged) == [1, 2, 3, 4]
     for step in (1, 2, 3, 4):  # every scalar of metrics.jsonl, the same value
         assert {k: logged[step][k] for k in want[step]} == want[step]
+
+
+def test_a_rollback_reaches_every_sink(tmp_path, tmp_path_factory):
+    """Spikes at steps 9-11 roll the run back to checkpoint 5. The console, metrics.jsonl,
+    TensorBoard and W&B each hold the rollback at step 5; W&B, which cannot forget rows,
+    keeps the steps trained again after it on the training-step axis (a row per publish, in
+    publish order: 1..11, the rollback at 5, then 6..16) rather than dropping them."""
+    pytest.importorskip("wandb", reason="pip install wandb (the dev extras hold it)")
+    data = stdlib_data(tmp_path_factory)
+    run = tmp_path / "run"
+    cfg = tiny_config(
+        run,
+        data,
+        train={"train_iters": 16, "eval_interval": 1000},
+        checkpoint={"interval": 5, "keep_last": 3},
+        logging={"log_interval": 1},
+        spikes={
+            "skip_step": True,
+            "rollback_after": 3,
+            "rollback_within": 5,
+            "faults": [{"step": s, "kind": "nan"} for s in (9, 10, 11)],
+        },
+    )
+    cfg["wandb"] = {"enabled": True, "project": "test", "mode": "offline"}
+    records = tmp_path / "records.jsonl"  # a user's own sink, named in `callbacks:`
+    cfg["callbacks"] = [{"class": "callback_probe.RecordSink", "out": str(records)}]
+    r = run_main(
+        write_config(tmp_path / "run.yaml", cfg),
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    text = "rollback 1 at step 11 (first spike at step 9): back to step 5, data steps 9-11 skipped"
+    assert text in r.stdout  # the console
+    rows = metrics(run)  # metrics.jsonl: the rollback's line at step 5, every step once
+    assert rows[5]["spikes/rollbacks"] == 1 and rows[5]["spikes/rollback_from"] == 11
+    assert sorted(rows) == list(range(1, 17))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("spikes/rollbacks")] == [(5, 1.0)]
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 17))
+    wandb_rows = _wandb_rows(run)
+    steps = [int(row["train/step"]) for row in wandb_rows]
+    assert steps == [*range(1, 12), 5, *range(6, 17)], steps
+    (rollback,) = [row for row in wandb_rows if "spikes/rollbacks" in row]
+    assert rollback["train/step"] == 5 and rollback["spikes/rollback_from"] == 11
+    retrained = [row for row in wandb_rows if "train/loss" in row][-11:]  # steps 6..16, again
+    assert [int(row["train/step"]) for row in retrained] == list(range(6, 17))
+    assert [row["train/loss"] for row in retrained] == [rows[s]["train/loss"] for s in range(6, 17)]
+    # The user's sink saw the same records in the same order, and the same scalars.
+    mine = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [(kind, step) for kind, step, _ in mine] == [
+        *(("step", s) for s in range(1, 12)),
+        ("rewound", 5),
+        *(("step", s) for s in range(6, 17)),
+    ]
+    assert mine[11][2].items() <= rows[5].items()  # metrics() merges step 5's two lines
+    assert [m[2] for m in mine[12:]] == [
+        {k: v for k, v in rows[s].items() if k != "step"} for s in range(6, 17)
+    ]
 
 
 def test_wandb_missing_is_one_line(tmp_path, capsys, monkeypatch):

@@ -22,8 +22,8 @@ from train_support import (
     write_config,
 )
 
-from pretrain.model.weights import find_weights_dir, load_weights
 from pretrain.train.checkpoint import find_resume_tag
+from pretrain.weights import find_weights_dir, load_weights
 
 
 def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]:

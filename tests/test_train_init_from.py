@@ -11,7 +11,7 @@ from train_support import baseline_run, metrics, run_main, tiny_config, write_co
 from pretrain.config import Config, ModelConfig, from_dict
 from pretrain.data.pipeline import build_data
 from pretrain.model import Transformer
-from pretrain.model.weights import (
+from pretrain.weights import (
     WeightsError,
     find_weights_dir,
     init_from_source,

@@ -19,6 +19,7 @@ from pretrain.train import watchdog
 from pretrain.train.callbacks import Callback, build_callbacks, callback_class
 from pretrain.train.evaluators import Evaluator
 from pretrain.train.metrics import StepMetrics, StepRecord
+from pretrain.train.module import settle
 from pretrain.train.spikes import StepGuard, Unjudged
 from pretrain.train.trainer import Trainer
 
@@ -34,35 +35,54 @@ def _record(step: int, log: bool = False) -> StepRecord:
 
 
 def test_step_metrics_read_once_judge_in_order_and_publish_each_step_once():
-    """Three steps recorded; a read mid-way (a save) judges them without publishing; the
-    flush publishes all three in order, frozen, with the values as recorded; a second flush
-    publishes nothing."""
+    """Three steps recorded by name; a read mid-way (a save) brings steps 1-2 to the host and
+    judges nothing by itself; the guard judges what it is handed; the flush publishes all
+    three in order, frozen, with the values as recorded; a second flush publishes nothing."""
     from pretrain.config import SpikesConfig
 
     guard = StepGuard(SpikesConfig(window=8))
-    metrics = StepMetrics(guard, z_loss=True)
+    metrics = StepMetrics()
     for step in (1, 2, 3):
         values = {
-            "loss": torch.tensor(float(step), dtype=torch.float64),
-            "batch_token_sum": torch.tensor(100.0 * step, dtype=torch.float64),
-            "z_loss": torch.tensor(0.5, dtype=torch.float64),
-            "grad_norm": torch.tensor(10.0 + step),
+            "train/loss": torch.tensor(float(step), dtype=torch.float64),
+            "train/grad_norm": torch.tensor(10.0 + step),
+            "train/z_loss": torch.tensor(0.5, dtype=torch.float64),
+            "progress/batch_token_sum": torch.tensor(100.0 * step, dtype=torch.float64),
+            "my/metric": torch.tensor(7.0 * step),  # a metric more: one name, no other edit
         }
-        judged = Unjudged(step, step, values["loss"], values["grad_norm"], False)
+        judged = Unjudged(step, step, values["train/loss"], values["train/grad_norm"], False)
         metrics.record(_record(step, log=step == 3), values, judged)
         if step == 2:
-            metrics.read()  # what a save does: the guard's history holds steps 1-2
+            read = metrics.read()  # what a save does
+            assert [p.host["train/loss"] for p in read] == [1.0, 2.0]
+            assert list(guard.loss.history) == [] and metrics.unsettled == [1, 2]  # no judging
+            settle(read, guard)  # the guard judges the host values handed to it
             assert list(guard.loss.history) == [1.0, 2.0] and metrics.pending == 2
+    with pytest.raises(RuntimeError, match=r"steps \[3\] published before the guard judged"):
+        metrics.flush()
+    settle(metrics.read(), guard)
+    assert metrics.read() == []  # each step read once
     outs = metrics.flush()
     assert [o.step for o in outs] == [1, 2, 3] and list(guard.loss.history) == [1.0, 2.0, 3.0]
-    assert [o.loss for o in outs] == [1.0, 2.0, 3.0]
-    assert [o.grad_norm for o in outs] == [11.0, 12.0, 13.0]
+    assert [o.scalars["train/loss"] for o in outs] == [1.0, 2.0, 3.0]
+    assert [o.scalars["train/grad_norm"] for o in outs] == [11.0, 12.0, 13.0]
+    assert [o.verdict.step for o in outs] == [1, 2, 3]
     assert outs[2].scalars["progress/batch_token_sum"] == 300.0
     assert outs[2].scalars["train/z_loss"] == 0.5 and outs[2].scalars["train/lr"] == 0.1
+    assert outs[2].scalars["my/metric"] == 21.0
     assert outs[2].scalars["spikes/skipped_steps"] == 0.0  # a logging step shows the count
     assert "spikes/skipped_steps" not in outs[1].scalars
+    # The order metrics.jsonl has always had: the record's, then the step's device values.
+    assert list(outs[2].scalars)[:6] == [
+        "train/lr",
+        "train/loss",
+        "train/grad_norm",
+        "train/z_loss",
+        "progress/batch_token_sum",
+        "my/metric",
+    ]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        outs[0].loss = 0.0
+        outs[0].step = 0
     with pytest.raises(TypeError):
         outs[0].scalars["train/loss"] = 0.0
     assert metrics.flush() == [] and metrics.pending == 0

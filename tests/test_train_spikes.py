@@ -14,8 +14,9 @@ from train_support import metrics, run_main, stdlib_data, tiny_config, write_con
 from pretrain.config import Config, ConfigError, from_dict
 from pretrain.faults import PAUSE_ENV
 from pretrain.run_layout import step_tag
-from pretrain.train.callbacks import Callback, SpikeMonitor, build_callbacks
+from pretrain.train.callbacks import Callback
 from pretrain.train.schedule import lr_at
+from pretrain.train.sinks import build_sinks
 from pretrain.train.spikes import DataWindows, SpikeDetector, _inner_optimizer, read_rollbacks
 from pretrain.train.trainer import Trainer
 
@@ -101,7 +102,7 @@ def test_flagged_step_applies_no_update(tmp_path, data, isolated_env, zero_stage
         checkpoint={"interval": 1000},
     )
     probe = StateProbe()
-    assert Trainer(cfg, callbacks=[SpikeMonitor(), probe], save_checkpoints=False).fit() == 0
+    assert Trainer(cfg, callbacks=[probe], save_checkpoints=False).fit() == 0
     for step in (5, 14):
         assert probe.verdicts[step].skipped, probe.verdicts[step]
         assert _bitwise_equal(probe.after[step], probe.after[step - 1]), step
@@ -267,4 +268,4 @@ def test_mitigation_is_off_by_default():
     assert not cfg.spikes.skip_step and cfg.spikes.rollback_after == 0
     assert cfg.train.z_loss == 0 and cfg.model.attn_logit_softcap == 0
     assert not cfg.spikes.faults and not cfg.spikes.skip_data
-    assert [type(cb).__name__ for cb in build_callbacks(cfg)].count("SpikeMonitor") == 1
+    assert [type(s).__name__ for s in build_sinks(cfg)][0] == "Console"  # spike warnings

@@ -24,9 +24,9 @@ from torch.distributed import TCPStore
 from train_support import REPO, start_ranks, stdlib_data, tiny_config, write_config
 
 from pretrain.config import Config, ConfigError, from_dict
+from pretrain.exit_codes import EXIT_HUNG
 from pretrain.preflight import preflight
 from pretrain.run_layout import RunLayout
-from pretrain.train.trainer import EXIT_HUNG
 from pretrain.train.watchdog import Watchdog, ranks_text
 
 TIMEOUT, LONG = 3.0, 8.0  # train.hang_timeout, train.hang_timeout_long
@@ -113,6 +113,27 @@ def test_a_hung_rank_ends_both_ranks_with_the_watchdog_code(hung):
     assert "rank 1 stopped outside any collective, in block_forever (pretrain/faults.py" in line
     assert "rank 0 waits in a collective (all_reduce)" in line
     assert f"exiting with {EXIT_HUNG}" in line
+
+
+def test_the_verdict_is_published_to_the_judging_ranks_sinks(hung):
+    # The verdict is a record (pretrain/train/publish.py Notice): the judging rank's console,
+    # and where that is rank 0, its TensorBoard too, flushed before the exit.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    judged_by = [r for r, log in enumerate(hung["logs"]) if "\nhang: step 5 stalled" in log]
+    assert len(judged_by) == 1, hung["logs"]
+    acc = EventAccumulator(str(hung["run"].tensorboard), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = [
+        t.tensor_proto.string_val[0].decode()
+        for tag in acc.Tags()["tensors"]
+        if tag.startswith("hang")
+        for t in acc.Tensors(tag)
+    ]
+    if judged_by == [0]:
+        assert len(texts) == 1 and texts[0].startswith("hang: step 5 stalled"), texts
+    else:
+        assert texts == []
 
 
 def test_the_stack_files_name_the_blocked_calls(hung):

@@ -13,7 +13,7 @@ import warm_start
 import yaml
 from warm_start import free_port
 
-from pretrain.train.distributed import LAUNCH_VARS
+from pretrain.launch_env import LAUNCH_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "pretrain" / "main.py"
@@ -163,7 +163,7 @@ def saved_byte_run(root: Path, seq_len: int, max_bytes: int = 200_000, seed: int
     from pretrain.config import ModelConfig
     from pretrain.data.tokenizer import load_tokenizer
     from pretrain.model.transformer import Transformer
-    from pretrain.model.weights import save_weights
+    from pretrain.weights import save_weights
 
     data = prepare_stdlib(root / "data", max_bytes)
     torch.manual_seed(0)

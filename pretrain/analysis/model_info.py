@@ -14,6 +14,7 @@ from pretrain.analysis.rope_cache import human_bytes
 from pretrain.config import ModelConfig
 from pretrain.model.rope import inverse_frequencies, rope_cache_bytes
 from pretrain.model.transformer import Transformer
+from pretrain.tables import pipe_table, text_table
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,10 @@ def format_info(info: ModelInfo) -> str:
             f"{info.per_layer_rope_cache_bytes:,} bytes ({human_bytes(info.per_layer_rope_cache_bytes)})",
         ),
     ]
-    width = max(len(k) for k, _ in rows)
     head = [f"model {info.name}"] if info.name else []
-    return "\n".join(head + [f"  {k.ljust(width)}  {v}" for k, v in rows])
+    # A list of names and values, no header: its first row takes the header's place.
+    table = text_table(rows[0], rows[1:], align=["left", "left"])
+    return "\n".join(head + [f"  {line}" for line in table.splitlines()])
 
 
 def format_info_table(infos: list[ModelInfo]) -> str:
@@ -137,24 +139,19 @@ def format_info_table(infos: list[ModelInfo]) -> str:
         "FLOPs/token",
         "RoPE cache",
     ]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for i in infos:
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    i.name,
-                    f"{i.params:,}",
-                    f"{i.params_no_embeddings:,}",
-                    str(i.n_layers),
-                    str(i.d_model),
-                    f"{i.n_heads}/{i.kv_heads}",
-                    str(i.head_dim),
-                    str(i.rotary_dims),
-                    f"{i.flops_per_token:.4g} (T={i.seq_len})",
-                    human_bytes(i.rope_cache_bytes),
-                ]
-            )
-            + " |"
-        )
-    return "\n".join(lines)
+    rows = [
+        [
+            i.name,
+            f"{i.params:,}",
+            f"{i.params_no_embeddings:,}",
+            str(i.n_layers),
+            str(i.d_model),
+            f"{i.n_heads}/{i.kv_heads}",
+            str(i.head_dim),
+            str(i.rotary_dims),
+            f"{i.flops_per_token:.4g} (T={i.seq_len})",
+            human_bytes(i.rope_cache_bytes),
+        ]
+        for i in infos
+    ]
+    return pipe_table(header, rows)

@@ -24,6 +24,7 @@ from pretrain.config import ConfigError, ModelConfig, rotary_dims_from_fraction
 from pretrain.model.rope import rope_cache_bytes
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import atomic_write
+from pretrain.tables import pipe_table, text_table
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # The paper's fractions: NoPE, the 1% / 4% minimum (2 dims), 10%, 25%, ..., full RoPE.
@@ -150,10 +151,7 @@ def format_cache_table(
             body.append(
                 [_fraction_label(r.fraction), str(r.rotary_dims), *[fmt(v) for v in values], saving]
             )
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        lines = [title, "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-        lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in body]
-        return lines
+        return [title, *text_table(header, body, align=["right"] * len(header)).splitlines()]
 
     out = block(
         f"RoPE cos/sin cache, one per model (ours): head_dim {head_dim}, {precision} "
@@ -355,18 +353,21 @@ def spectrum_rows(head_dim: int, theta: float, fractions: Sequence[float]) -> li
 
 
 def format_spectrum_table(rows: list[SpectrumRow], head_dim: int, theta: float) -> str:
-    lines = [
+    title = (
         f"RoPE spectra, head_dim {head_dim}, theta {theta:g}: wavelengths in tokens "
-        f"(2 pi / frequency) of the rotary pairs, shortest .. longest",
-        "| fraction | rotary dims | neox (model.rope_spectrum: neox) | p-RoPE (p_rope) |",
-        "|---|---|---|---|",
+        f"(2 pi / frequency) of the rotary pairs, shortest .. longest"
+    )
+    header = ["fraction", "rotary dims", "neox (model.rope_spectrum: neox)", "p-RoPE (p_rope)"]
+    body = [
+        [
+            _fraction_label(r.fraction),
+            str(r.rotary_dims),
+            f"{r.neox[0]:.3g} .. {r.neox[1]:.4g}",
+            f"{r.p_rope[0]:.3g} .. {r.p_rope[1]:.4g}",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {_fraction_label(r.fraction)} | {r.rotary_dims} | {r.neox[0]:.3g} .. "
-            f"{r.neox[1]:.4g} | {r.p_rope[0]:.3g} .. {r.p_rope[1]:.4g} |"
-        )
-    return "\n".join(lines)
+    return title + "\n" + pipe_table(header, body)
 
 
 def _small_variant(cfg: ModelConfig) -> ModelConfig:
@@ -440,17 +441,10 @@ def format_check(results: Sequence[CheckResult]) -> str:
                 "ok" if ok else "MISMATCH",
             ]
         )
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = [
         "Bytes of the rope buffers of built Transformers against 2 x max_seq_len x "
-        "rotary_dims x 4 (fp32); '->bf16' = model.to(bfloat16), the cache must stay fp32"
-    ]
-    lines += [
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in [header, *body]
+        "rotary_dims x 4 (fp32); '->bf16' = model.to(bfloat16), the cache must stay fp32",
+        *text_table(header, body).splitlines(),
     ]
     bad = sum(not r.ok for r in results)
     lines.append(

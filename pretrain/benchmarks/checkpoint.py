@@ -38,11 +38,11 @@ from pathlib import Path
 import torch
 
 from pretrain.benchmarks.optim import model_section
-from pretrain.benchmarks.train import RandomTokens
 from pretrain.config import Config, from_dict
 from pretrain.data.dataset import make_loader
 from pretrain.data.pipeline import DataSource
 from pretrain.errors import UserError
+from pretrain.measure.measured_run import RandomTokens
 from pretrain.run_layout import STATE_FILE, step_tag
 from pretrain.train.callbacks import Callback, build_callbacks
 from pretrain.train.trainer import train

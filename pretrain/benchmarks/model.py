@@ -9,8 +9,9 @@ the default); and partial RoPE rotates fewer dims, so it must never be slower th
 
 How it measures: every configuration shares the same weights (built once; each variant
 is the same Transformer class at another theta/fraction, its parameters assigned from
-the first). After warmup, rounds visit all configurations in a fresh random order, one
-timed forward+backward each, so machine noise lands on all of them alike. Each time is
+the first: pretrain/measure/rope_variants.py, which the GPU check's science stage uses
+too). After warmup, rounds visit all configurations in a fresh random order, one timed
+forward+backward each, so machine noise lands on all of them alike. Each time is
 divided by the median time of its round (a steady yardstick made of all configurations,
 which cancels slow drifts in machine load); a configuration's figure is the median of
 those over rounds, reported relative to the baseline's (theta 10000, fraction 1.0).
@@ -23,21 +24,19 @@ the cores does not count. `--clock wall` times wall-clock instead (what a GPU ru
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
 from pretrain.analysis.presets import load_preset
 from pretrain.config import ConfigError, ModelConfig, rotary_dims_from_fraction
-from pretrain.model.position import Positions
+from pretrain.measure.rope_variants import Variant, build_variants
 from pretrain.model.rope import apply_rope, rope_cache
-from pretrain.model.transformer import Transformer
 from pretrain.run_layout import atomic_write
+from pretrain.tables import text_table
 
 THETAS = (500.0, 1000.0, 5000.0, 10000.0, 20000.0, 50000.0)
 FRACTIONS = (0.0, 0.1, 0.25, 1.0)
@@ -143,17 +142,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- building
 
 
-@dataclass
-class Variant:
-    theta: float
-    fraction: float
-    rotary_dims: int
-    model: torch.nn.Module
-    samples: list[float] = dataclasses.field(default_factory=list)  # seconds per step
-    wall: list[float] = dataclasses.field(default_factory=list)  # wall-clock seconds per step
-    ratios: list[float] = dataclasses.field(default_factory=list)  # / round median
-
-
 def small_config(
     preset: ModelConfig, layers: int, heads: int, vocab: int, seq_len: int
 ) -> ModelConfig:
@@ -171,38 +159,6 @@ def small_config(
         max_seq_len=max(seq_len, 1),
         dropout=0.0,
     )
-
-
-def build_variants(
-    cfg: ModelConfig,
-    thetas: list[float],
-    fractions: list[float],
-    device: torch.device,
-    dtype: torch.dtype,
-    seed: int,
-) -> list[Variant]:
-    """One model per (theta, fraction), all sharing the weights of the first one."""
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        base = Transformer(cfg)
-    base.to(dtype)
-    state = base.state_dict()
-    variants = []
-    for fraction in fractions:
-        for theta in thetas:
-            c = cfg.replace(rope_theta=theta, rope_fraction=fraction, rotary_dims=None)
-            with torch.device("meta"):
-                m = Transformer(c)
-            m.load_state_dict(state, strict=True, assign=True)  # same storage, no copy
-            # Buffers (the RoPE cache) were built on meta; build them where the weights are,
-            # as pretrain.model.weights.load_weights does.
-            m.rope = Positions.from_config(c).to(device)
-            left = [n for n, t in [*m.named_parameters(), *m.named_buffers()] if t.is_meta]
-            if left:
-                raise RuntimeError(f"benchmark variant left tensors on meta: {left}")
-            variants.append(Variant(theta, fraction, c.rope_dims, m.train()))
-    return variants
 
 
 # ----------------------------------------------------------------------------- timing
@@ -273,10 +229,7 @@ def ratio_table(variants: list[Variant], thetas: list[float], fractions: list[fl
             for f in fractions
         ]
     )
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    return "\n".join(
-        "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in [head, *rows]
-    )
+    return text_table(head, rows, align=["right"] * len(head))
 
 
 def verdict(variants: list[Variant], thetas: list[float], fractions: list[float]) -> list[str]:

@@ -12,7 +12,6 @@ selection) are left out of the figures, which are medians over the remaining ste
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import tempfile
@@ -24,29 +23,16 @@ import torch
 from pretrain.config import (
     Config,
     add_set_option,
-    from_dict,
     load_config,
     load_model_config,
     to_dict,
 )
 from pretrain.data.pipeline import DataSource
+from pretrain.measure.measured_run import RandomTokens, measurement_config
 from pretrain.run_layout import read_metrics
 from pretrain.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seq_len: int, vocab: int, seed: int = 0):
-        self.n, self.seq_len, self.vocab, self.seed = n, seq_len, vocab, seed
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        x = torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
-        return {"input_ids": x[:-1], "labels": x[1:]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,41 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     add_set_option(parser, "train.micro_batch_size=8")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
-
-
-def measurement_config(
-    data: dict[str, Any],
-    run_dir: str,
-    steps: int,
-    micro_batch: int,
-    global_batch: int,
-    **train: Any,
-) -> Config:
-    """A config (as `to_dict` gives it) made into a measured run: `steps` optimizer steps of
-    `global_batch` sequences in micro batches of `micro_batch`, `train` fields set as given,
-    a 1-step warm-up of the LR, no data files (the caller gives random tokens), nothing
-    evaluated, resumed, loaded or written but the metrics of every step. The one recipe of
-    `tools/benchmark.py train` and the GPU check's training stages."""
-    data = copy.deepcopy(data)
-    data["train"].update(
-        train_iters=steps,
-        micro_batch_size=micro_batch,
-        global_batch_size=global_batch,
-        eval_interval=0,
-        **train,
-    )
-    data["data"] = {**data["data"], "train": [], "valid": []}
-    data["schedule"] = {**data["schedule"], "warmup_steps": 1, "warmup_fraction": None}
-    data["checkpoint"] = {**data["checkpoint"], "resume": False, "init_from": None}
-    data["logging"] = {
-        **data["logging"],
-        "run_dir": run_dir,
-        "tensorboard": False,
-        "log_interval": 1,
-        "max_logit_interval": 0,
-        "sample_prompts": [],
-    }
-    return from_dict(Config, data)
 
 
 def build_config(args: argparse.Namespace, run_dir: str, world_size: int) -> Config:

@@ -28,6 +28,7 @@ from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import Config, ModelConfig
 from pretrain.schema import admits_none, section_of, type_name, yaml_key
 from pretrain.study.file import StudyFile
+from pretrain.tables import pipe_table
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = "schemas"
@@ -107,7 +108,7 @@ def _value(v: Any) -> str:
 
 def field_table(model: type[BaseModel]) -> str:
     """A section's markdown table: key, type, default, meaning (the field's description)."""
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    rows = []
     for name, f in model.model_fields.items():
         if f.default is not PydanticUndefined:
             default = _value(f.default)
@@ -117,8 +118,8 @@ def field_table(model: type[BaseModel]) -> str:
             default = "required"
         kind = type_name(f.annotation) + (" or null" if admits_none(f.annotation) else "")
         meaning = (f.description or "").replace("\n", " ").replace("|", "\\|")
-        rows.append(f"| {yaml_key(model, name)} | {kind} | {default} | {meaning} |")
-    return "\n".join(rows)
+        rows.append([yaml_key(model, name), kind, default, meaning])
+    return pipe_table(["key", "type", "default", "meaning"], rows)
 
 
 def render_doc(text: str) -> str:

@@ -12,9 +12,7 @@ its `main` in `user_errors` and builds its parser with `ArgumentParser`:
 - anything else is a bug or a failure of the machine and keeps its traceback (exit 1).
 
 With PRETRAIN_DEBUG=1 (any value but empty or 0) user errors raise as they are, traceback
-included. Exit codes of the programs: 0 ok, 1 failure, 2 user error, 99 pre-empted (the
-trainer saved a checkpoint after SIGTERM/SIGUSR1; requeue), 124 hung (the trainer's hang
-watchdog: no step completed within train.hang_timeout; requeue).
+included. The programs' exit codes are named in pretrain/exit_codes.py.
 """
 
 from __future__ import annotations
@@ -30,9 +28,9 @@ import yaml
 
 from pretrain.config import yaml_error_message
 from pretrain.errors import UserError
+from pretrain.exit_codes import EXIT_USER_ERROR
 
 DEBUG_ENV = "PRETRAIN_DEBUG"
-USER_ERROR = 2
 
 # OSErrors that a path given by the user causes, with the fix to say.
 _PATH_FIXES: dict[type[OSError], str] = {
@@ -92,7 +90,7 @@ def user_errors(fn: Callable[..., int | None]) -> Callable[..., int]:
             if debug() or not is_user_error(e):
                 raise
             report(e)
-            return USER_ERROR
+            return EXIT_USER_ERROR
 
     return run
 
@@ -101,11 +99,11 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error: `error: PROG: MESSAGE (see --help)`, exit 2."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        self.exit(USER_ERROR, f"error: {self.prog}: {message} (see --help)\n")
+        self.exit(EXIT_USER_ERROR, f"error: {self.prog}: {message} (see --help)\n")
 
     def add_checkpoint_arguments(self, verb: str) -> None:
         """--run and --step, as every program that reads a checkpoint takes them
-        (model/weights.find_weights_dir resolves them)."""
+        (pretrain/weights.py find_weights_dir resolves them)."""
         self.add_argument(
             "--run",
             required=True,
@@ -122,7 +120,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
 __all__ = [
     "DEBUG_ENV",
-    "USER_ERROR",
     "ArgumentParser",
     "debug",
     "is_user_error",

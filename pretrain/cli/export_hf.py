@@ -27,7 +27,7 @@ from pretrain.hf.card import run_info, write_card
 from pretrain.hf.check import DEFAULT_TOLERANCE, check_parity
 from pretrain.hf.convert import TARGETS
 from pretrain.hf.folder import export_hf
-from pretrain.model.weights import find_weights_dir, load_weights
+from pretrain.weights import find_weights_dir, load_weights
 
 
 @user_errors

@@ -19,7 +19,7 @@ from pathlib import Path
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.errors import UserError
 from pretrain.hf.folder import read_hf_folder
-from pretrain.model.weights import save_weights
+from pretrain.weights import save_weights
 
 
 @user_errors

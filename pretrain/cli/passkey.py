@@ -25,8 +25,8 @@ from pretrain.config import to_dict
 from pretrain.eval.lengths import LengthError, parse_lengths, parse_rope_scaling
 from pretrain.eval.passkey import parse_depths, run_passkey, write_passkey
 from pretrain.eval.suite import EvalError, default_output_dir
-from pretrain.model.weights import WeightsError, find_weights_dir
 from pretrain.run_layout import CHECKPOINTS_DIR
+from pretrain.weights import WeightsError, find_weights_dir
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -15,6 +15,7 @@ from pretrain.analysis import rope_cache as rc
 from pretrain.analysis.presets import load_preset, preset_names
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import ConfigError
+from pretrain.exit_codes import EXIT_FAILED, EXIT_OK
 
 
 @user_errors
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         presets = [args.preset] if args.preset else preset_names()
         results = rc.check_presets(presets, fractions or rc.CHECK_FRACTIONS)
         print(rc.format_check(results))
-        sys.exit(0 if all(r.ok for r in results) else 1)
+        sys.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILED)
 
     fractions = fractions or list(rc.DEFAULT_FRACTIONS)
     rows = rc.cache_table(head_dim, seq_lens, fractions, args.precision, layers)

@@ -56,6 +56,7 @@ from pretrain.data.sources import (
 )
 from pretrain.data.tokenizer import Tokenizer, load_tokenizer
 from pretrain.errors import UserError
+from pretrain.exit_codes import EXIT_FAILED
 from pretrain.faults import fault_point
 from pretrain.run_layout import atomic_write
 
@@ -185,7 +186,7 @@ def _init_worker(tokenizer_dir: str | None, parent: int | None = None) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     _die_with_parent()
     if parent is not None and os.getppid() != parent:  # the parent died before prctl
-        os._exit(1)
+        os._exit(EXIT_FAILED)
     if tokenizer_dir is not None:  # spawned; a forked worker inherited the parent's tokenizer
         _WORKER_TOKENIZER = load_tokenizer(tokenizer_dir)
 
@@ -708,7 +709,3 @@ def prepare(
         overwrite=overwrite,
         progress=progress,
     )
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use tools/prepare_data.py")

@@ -5,7 +5,7 @@
 
 or `PretrainLM(model=..., tokenizer=...)` around a model already in memory.
 
-It reads only a weights folder (pretrain.model.weights: weights, config, tokenizer/); no DeepSpeed.
+It reads only a weights folder (pretrain.weights: weights, config, tokenizer/); no DeepSpeed.
 Built on the harness's `TemplateLM`, which turns (context, continuation) strings into token
 requests exactly as its Hugging Face model does (trailing spaces of the context move to the
 continuation; an empty context is conditioned on the end-of-document token). What is ours:
@@ -52,7 +52,7 @@ from pretrain.eval.lengths import parse_rope_scaling
 from pretrain.eval.stops import StopStrings
 from pretrain.model.attention import KVCache
 from pretrain.model.transformer import Transformer
-from pretrain.model.weights import find_weights_dir, load_weights
+from pretrain.weights import find_weights_dir, load_weights
 
 log = logging.getLogger(__name__)
 

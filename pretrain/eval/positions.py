@@ -40,6 +40,7 @@ from pretrain.data.documents import DocumentSwitches
 from pretrain.eval.position_plots import plot_positions
 from pretrain.model.loss import IGNORE_INDEX, token_losses
 from pretrain.run_layout import atomic_write
+from pretrain.tables import pipe_table
 
 EVERY_POSITION_BELOW = 256
 BUCKETS_PER_OCTAVE = 4
@@ -292,10 +293,8 @@ def positions_csv(record: dict[str, Any]) -> str:
 def positions_table(record: dict[str, Any]) -> str:
     """Markdown: loss at each length, and at a few positions of each window."""
     train = record["train_seq_len"]
-    lines = [
-        "| length | stride | windows | tokens | loss | first 16 | 16-256 | last quarter |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["length", "stride", "windows", "tokens", "loss", "first 16", "16-256", "last quarter"]
+    rows = []
 
     def span(r: dict[str, Any], a: int, b: int) -> str:
         sel = [Bucket(**x) for x in r["buckets"] if x["start"] >= a and x["end"] <= b]
@@ -306,11 +305,19 @@ def positions_table(record: dict[str, Any]) -> str:
         L = r["length"]
         ratio = L / train
         name = f"{L} ({ratio:g}x)" if ratio == int(ratio) or ratio > 1 else str(L)
-        lines.append(
-            f"| {name} | {r['stride']} | {r['windows']} | {r['tokens']} | {r['loss']:.4f} | "
-            f"{span(r, 0, 16)} | {span(r, 16, 256)} | {span(r, 3 * L // 4, L)} |"
+        rows.append(
+            [
+                name,
+                str(r["stride"]),
+                str(r["windows"]),
+                str(r["tokens"]),
+                f"{r['loss']:.4f}",
+                span(r, 0, 16),
+                span(r, 16, 256),
+                span(r, 3 * L // 4, L),
+            ]
         )
-    return "\n".join(lines)
+    return pipe_table(header, rows)
 
 
 def write_positions(record: dict[str, Any], out_dir: Path) -> list[Path]:

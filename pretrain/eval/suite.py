@@ -48,8 +48,8 @@ from pretrain.eval.positions import (
 from pretrain.eval.tables import fmt, markdown_table, paper_tables
 from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError, find_source
-from pretrain.model.weights import WeightsError, find_weights_dir
 from pretrain.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, EVAL_DIR, atomic_write
+from pretrain.weights import WeightsError, find_weights_dir
 
 log = logging.getLogger(__name__)
 

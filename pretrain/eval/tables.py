@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pretrain.tables import pipe_table
+
 # (column title, task, metric) in the paper's order
 PAPER_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ARC-C", "arc_challenge", "acc_norm"),
@@ -57,9 +59,9 @@ def fmt(value: float | None, stderr: float | None = None, digits: int = 4) -> st
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    """A pipe table (pretrain/tables.py) as a block of a markdown report: it ends with a
+    newline, so the reports put a blank line after it."""
+    return pipe_table(header, rows) + "\n"
 
 
 def _row(results: Mapping[str, Any], columns) -> list[str]:

@@ -15,6 +15,10 @@ on CPU). This package measures those claims on one GPU in stages that each fit i
     sizes.py      the GPU sizes and the CPU smoke's tiny ones; the stages' Context
     results.py    results.json, its schema, checks; report.py: markdown and summary
 
+What the benchmarks measure as well (the peers race, the RoPE variants, the measured
+training run) comes from pretrain/measure/, below both: this package never imports
+pretrain/benchmarks/.
+
 `--cpu-smoke` runs the same stage functions at tiny sizes on CPU (tests/test_gpu_check.py),
 so only the CUDA calls themselves go unexercised between GPU loans.
 """

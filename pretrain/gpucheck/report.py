@@ -11,6 +11,7 @@ from typing import Any
 
 from pretrain.gpucheck.results import TABLES, Stage
 from pretrain.run_layout import atomic_write
+from pretrain.tables import pipe_table
 
 BEGIN = "<!-- gpu-check:begin (written by tools/gpu_check.py --update-docs; do not edit) -->"
 END = "<!-- gpu-check:end -->"
@@ -80,24 +81,24 @@ def markdown(data: dict[str, Any], stages: list[Stage]) -> str:
         if not rows:
             continue
         lines += [f"**{TABLE_TITLES[table]}**", ""]
-        lines.append("| " + " | ".join(f.replace("_", " ") for f in fields) + " |")
-        lines.append("|" + "---|" * len(fields))
-        for row in rows:
-            lines.append("| " + " | ".join(cell(f, row.get(f)) for f in fields) + " |")
-        lines.append("")
-    lines += [
-        "**Stages and checks**",
-        "",
-        "| stage | status | commit | seconds | budget | flagged |",
-        "|---|---|---|---|---|---|",
-    ]
+        header = [f.replace("_", " ") for f in fields]
+        lines += [pipe_table(header, [[cell(f, row.get(f)) for f in fields] for row in rows]), ""]
+    summary = []
     for stage in stages:
         r = data.get("stages", {}).get(stage.name, {})
         flagged = [c["name"] for c in r.get("checks", []) if c.get("flagged")]
-        lines.append(
-            f"| {stage.name} | {r.get('status', 'not run')} | {r.get('commit', '')} | "
-            f"{cell('s', r.get('seconds'))} | {stage.budget_s} | {'; '.join(flagged) or 'none'} |"
+        summary.append(
+            [
+                stage.name,
+                str(r.get("status", "not run")),
+                str(r.get("commit", "")),
+                cell("s", r.get("seconds")),
+                str(stage.budget_s),
+                "; ".join(flagged) or "none",
+            ]
         )
+    header = ["stage", "status", "commit", "seconds", "budget", "flagged"]
+    lines += ["**Stages and checks**", "", pipe_table(header, summary)]
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from pretrain.errors import UserError
+from pretrain.exit_codes import EXIT_FAILED, EXIT_MORE, EXIT_OK
 from pretrain.gpucheck.report import markdown, summary, update_docs
 from pretrain.gpucheck.results import DONE, RESULTS_MD, ResultsFolder, Stage, check_schema
 from pretrain.gpucheck.sizes import GPU_SIZES, REPO, SMOKE_SIZES, Context, this_gpu
@@ -29,7 +30,6 @@ from pretrain.gpucheck.stages import all_stages
 from pretrain.run_layout import atomic_write
 from pretrain.train.deepspeed_adapter import quiet_logs
 
-EXIT_DONE, EXIT_FAILED, EXIT_MORE = 0, 1, 75  # 75: EX_TEMPFAIL, "run the command again"
 SMOKE_SHARE = 0.05  # a stage's smoke takes at most this share of its GPU budget
 DOCS = REPO / "docs" / "performance.md"
 
@@ -116,7 +116,7 @@ def _device(opts: Options) -> torch.device:
 
 
 def run_check(opts: Options, log=print) -> int:
-    """Run (or continue) the check; returns EXIT_DONE, EXIT_FAILED or EXIT_MORE."""
+    """Run (or continue) the check; returns EXIT_OK, EXIT_FAILED or EXIT_MORE."""
     try:
         return _run(opts, log)
     finally:
@@ -231,7 +231,7 @@ def _finish(opts: Options, data: dict, stages: list, folder: Path, log) -> int:
     failed = [s.name for s in stage_list if data["stages"].get(s.name, {}).get("status") != "ok"]
     if failed:
         log(f"not ok: {', '.join(failed)}")
-    return EXIT_FAILED if failed or problems else EXIT_DONE
+    return EXIT_FAILED if failed or problems else EXIT_OK
 
 
 def _write_docs(data: dict, stages: list[Stage], log) -> None:
@@ -252,14 +252,11 @@ def _report(opts: Options, stages: list, log) -> int:
     atomic_write(opts.results / RESULTS_MD, markdown(data, stage_list), fsync=False)
     if opts.update_docs:
         _write_docs(data, stage_list, log)
-    return EXIT_DONE
+    return EXIT_OK
 
 
 __all__ = [
     "DOCS",
-    "EXIT_DONE",
-    "EXIT_FAILED",
-    "EXIT_MORE",
     "Options",
     "results_folder",
     "run_check",

@@ -6,8 +6,8 @@ seeds each, through the real trainer with its own callbacks. The seed paper repo
 validation losses of 1.4662 +- 0.0014 (theta 5000) and 1.474 +- 0.0030 (theta 10000), and
 that the non-default theta ran inference 1.8x slower. Theta only changes the numbers in the
 RoPE cache, so ours must generate at the same speed within noise: paired rounds of
-`Transformer.generate` of the two thetas at the same weights (benchmarks/model.py's
-variants), their median ratio.
+`Transformer.generate` of the two thetas at the same weights (pretrain/measure/
+rope_variants.py, the variants `tools/benchmark.py model` times), their median ratio.
 
 Chunked: one (theta, seed) run at a time, each result kept in results.json. A run still going
 at the call's deadline is stopped through the trainer's own pre-emption path (a `Deadline`
@@ -25,15 +25,16 @@ from typing import Any
 
 import torch
 
-from pretrain.benchmarks.model import build_variants
 from pretrain.config import load_config
 from pretrain.data.recipes import prepare_tinyshakespeare
+from pretrain.exit_codes import EXIT_OK
 from pretrain.gpucheck.results import check
 from pretrain.gpucheck.sizes import CHAR_CONFIG, REPO, Context
+from pretrain.measure.rope_variants import build_variants
 from pretrain.run_layout import read_metrics
 from pretrain.train.callbacks import build_callbacks
 from pretrain.train.callbacks.base import Callback
-from pretrain.train.trainer import EXIT_OK, Trainer
+from pretrain.train.trainer import Trainer
 
 THETAS = (5000.0, 10000.0)
 PAPER_BEST_LOSS = {5000.0: (1.4662, 0.0014), 10000.0: (1.474, 0.0030)}  # mean, std over seeds

@@ -19,7 +19,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
-from pretrain.benchmarks import peers
 from pretrain.gpucheck.fp8 import fp8_stage
 from pretrain.gpucheck.kernels import kernels_stage
 from pretrain.gpucheck.memory import compile_stage, memory_stage
@@ -28,6 +27,8 @@ from pretrain.gpucheck.positions import positions_stage
 from pretrain.gpucheck.results import Stage, at_most
 from pretrain.gpucheck.science import science_stage
 from pretrain.gpucheck.sizes import MEMORY_CONFIGS, REPO, Context
+from pretrain.measure.peer_models import SHAPES, litgpt_available
+from pretrain.measure.peer_race import LABEL, race
 
 GPU_MARK = "pytest.mark.gpu"
 
@@ -77,8 +78,8 @@ def tests_stage(ctx: Context) -> dict[str, Any]:
 
 
 def peers_stage(ctx: Context, shape: str = "llama1b") -> dict[str, Any]:
-    """tools/benchmark.py peers on this device at one of the paper's shapes
-    (pretrain/benchmarks/peers.py), in the path training takes: every model holds bf16
+    """tools/benchmark.py peers' race on this device at one of the paper's shapes
+    (pretrain/measure/peer_race.py), in the path training takes: every model holds bf16
     weights as DeepSpeed's BF16 engine does (`sizes.peers["precision"]`; "autocast" runs
     the stage's old mode, bf16 autocast over fp32 weights). Our step, transformers' (Llama or
     GPT-NeoX) and litgpt's at the same weights, eager and, where the sizes say so, each under
@@ -86,7 +87,7 @@ def peers_stage(ctx: Context, shape: str = "llama1b") -> dict[str, Any]:
     benchmark's own, against its measured matmul peak, is in the JSON). Checks: ours at most
     the fastest peer's step, eager against eager and compiled against compiled; our compiled
     step at most our eager one."""
-    if not peers.litgpt_available():
+    if not litgpt_available():
         raise RuntimeError("litgpt is not installed: `make venv` installs requirements/bench.txt")
     sizes = dict(ctx.sizes.peers)
     precision = sizes.pop("precision", "bf16")
@@ -101,12 +102,12 @@ def peers_stage(ctx: Context, shape: str = "llama1b") -> dict[str, Any]:
         json=None,
         device=ctx.device.type,
     )
-    return peers_result(peers.race(args, precision, shape), ctx.gpu.peak_flops)
+    return peers_result(race(args, precision, shape), ctx.gpu.peak_flops)
 
 
 def peers_result(result: dict[str, Any], peak_flops: float) -> dict[str, Any]:
-    """The stage's table, checks and notes from one `peers.race` result."""
-    shape, label = result["shape"], peers.LABEL[result["precision"]]
+    """The stage's table, checks and notes from one `peer_race.race` result."""
+    shape, label = result["shape"], LABEL[result["precision"]]
     tokens = result["batch"] * result["seq_len"]
     rows = [
         {
@@ -209,7 +210,7 @@ def all_stages() -> list[tuple[Stage, StageFn]]:
                 ),
                 functools.partial(peers_stage, shape=shape),
             )
-            for shape in peers.SHAPES
+            for shape in SHAPES
         },
         "kernels": (
             Stage("kernels", ("kernels",), BUDGETS["kernels"], "SDPA kernel per attention shape"),

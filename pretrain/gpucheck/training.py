@@ -5,8 +5,9 @@ backward, optimizer and communication.
 
 The run is the paper config with the micro batch and recompute the stage chose, two micro
 batches per step (gradient accumulation 2, as the paper's runs on 32 GPUs), random tokens
-(pretrain/benchmarks/train.py's RandomTokens: speed and memory do not depend on the text),
-no evaluation, no checkpoint. Step k's numbers are read at its end (after a device
+(pretrain/measure/measured_run.py's RandomTokens and measurement_config, the recipe of
+`tools/benchmark.py train` too: speed and memory do not depend on the text), no evaluation,
+no checkpoint. Step k's numbers are read at its end (after a device
 synchronisation) and the allocator's peak is reset for step k + 1, so every peak is one
 step's; memory is counted above what was allocated before the run was built.
 
@@ -25,10 +26,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from pretrain.benchmarks.train import RandomTokens, measurement_config
 from pretrain.config import Config, to_dict
 from pretrain.data.dataset import make_loader
 from pretrain.data.pipeline import DataSource
+from pretrain.measure.measured_run import RandomTokens, measurement_config
 from pretrain.train.callbacks.base import Callback
 from pretrain.train.deepspeed_adapter import compile_backend, wrap_engine_calls
 from pretrain.train.trainer import Trainer
@@ -246,7 +247,7 @@ def measure_run(
     cfg = cfg.replace(train=cfg.train.replace(train_iters=steps))
     n = steps * cfg.train.global_batch_size
     data = DataSource(RandomTokens(n, cfg.seq_len, cfg.model.vocab_size), None, make_loader)
-    trainer = Trainer(cfg, data, callbacks=[probe], save_checkpoints=False)
+    trainer = Trainer(cfg, data, callbacks=[probe], save_checkpoints=False, sinks=[])
     try:
         with compile_backend(backend):
             trainer.fit()

@@ -13,8 +13,9 @@ import yaml
 from pretrain.data.tokenizer import Tokenizer
 from pretrain.model.position import LayerPosition
 from pretrain.model.transformer import Transformer
-from pretrain.model.weights import CHECKPOINTS_DIR
 from pretrain.run_layout import CONFIG_FILE, STATE_FILE
+from pretrain.tables import pipe_table
+from pretrain.weights import CHECKPOINTS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,8 @@ def _fmt_int(n: int | None) -> str:
     return f"{n:,}"
 
 
-def _eval_rows(results: dict[str, Any]) -> list[str]:
+def _eval_rows(results: dict[str, Any]) -> list[list[str]]:
+    """task, metric, value (± stderr) of each metric the harness reported."""
     rows = []
     for task, r in sorted((results.get("results") or {}).items()):
         for metric in ("acc", "acc_norm", "perplexity", "word_perplexity", "bits_per_byte"):
@@ -95,7 +97,7 @@ def _eval_rows(results: dict[str, Any]) -> list[str]:
                 value = r[f"{metric},none"]
                 err = r.get(f"{metric}_stderr,none")
                 err = f" ± {err:.4f}" if isinstance(err, (int, float)) else ""
-                rows.append(f"| {task} | {metric} | {value:.4f}{err} |")
+                rows.append([task, metric, f"{value:.4f}{err}"])
     return rows
 
 
@@ -164,6 +166,29 @@ def card_text(export, model: Transformer, tokenizer: Tokenizer | None, run: RunI
         )
         or "none"
     )
+    architecture = [
+        [
+            "parameters",
+            f"{_fmt_int(model.num_params())} ({_fmt_int(model.num_params(exclude_embeddings=True))} without embeddings)",
+        ],
+        ["layers / d_model / d_ff", f"{cfg.n_layers} / {cfg.d_model} / {cfg.d_ff}"],
+        ["attention heads", f"{heads}, head_dim {cfg.head_dim}"],
+        ["block", block],
+        ["norm", f"{'RMSNorm' if cfg.norm == 'rmsnorm' else 'LayerNorm'} (eps {cfg.norm_eps:g})"],
+        ["MLP", "SwiGLU" if cfg.mlp == "swiglu" else "GeLU"],
+        ["biases", biases],
+        ["RoPE", rope],
+        ["attention", attention],
+        ["QK-Norm", "yes, per head over head_dim, before RoPE" if cfg.qk_norm else "no"],
+        ["learned positions", f"yes, {cfg.max_seq_len}" if cfg.learned_pos_emb else "no"],
+        ["context", f"{cfg.max_seq_len} tokens"],
+        [
+            "vocabulary",
+            f"{cfg.vocab_size} (embedding padded to {cfg.padded_vocab_size}; padded ids are never generated)",
+        ],
+        ["tied embeddings", "yes" if cfg.tie_embeddings else "no"],
+        ["tokenizer", tokenizer.identifier if tokenizer is not None else "not included"],
+    ]
     lines = [
         "---",
         "library_name: transformers",
@@ -178,23 +203,7 @@ def card_text(export, model: Transformer, tokenizer: Tokenizer | None, run: RunI
         "",
         "## Architecture",
         "",
-        "| | |",
-        "|---|---|",
-        f"| parameters | {_fmt_int(model.num_params())} ({_fmt_int(model.num_params(exclude_embeddings=True))} without embeddings) |",
-        f"| layers / d_model / d_ff | {cfg.n_layers} / {cfg.d_model} / {cfg.d_ff} |",
-        f"| attention heads | {heads}, head_dim {cfg.head_dim} |",
-        f"| block | {block} |",
-        f"| norm | {'RMSNorm' if cfg.norm == 'rmsnorm' else 'LayerNorm'} (eps {cfg.norm_eps:g}) |",
-        f"| MLP | {'SwiGLU' if cfg.mlp == 'swiglu' else 'GeLU'} |",
-        f"| biases | {biases} |",
-        f"| RoPE | {rope} |",
-        f"| attention | {attention} |",
-        f"| QK-Norm | {'yes, per head over head_dim, before RoPE' if cfg.qk_norm else 'no'} |",
-        f"| learned positions | {'yes, ' + str(cfg.max_seq_len) if cfg.learned_pos_emb else 'no'} |",
-        f"| context | {cfg.max_seq_len} tokens |",
-        f"| vocabulary | {cfg.vocab_size} (embedding padded to {cfg.padded_vocab_size}; padded ids are never generated) |",
-        f"| tied embeddings | {'yes' if cfg.tie_embeddings else 'no'} |",
-        f"| tokenizer | {tokenizer.identifier if tokenizer is not None else 'not included'} |",
+        pipe_table(["", ""], architecture),
         "",
         "## Training",
         "",
@@ -212,18 +221,17 @@ def card_text(export, model: Transformer, tokenizer: Tokenizer | None, run: RunI
         lines += [
             "lm-evaluation-harness, from the run's `eval/` folder (tools/evaluate.py):",
             "",
-            "| task | metric | value |",
-            "|---|---|---|",
-            *_eval_rows(run.eval_results),
+            pipe_table(["task", "metric", "value"], _eval_rows(run.eval_results)),
         ]
     if run.valid:
         lines += [
             "",
             "Validation:",
             "",
-            "| metric | value |",
-            "|---|---|",
-            *[f"| {k} | {v:.4f} |" for k, v in run.valid.items() if isinstance(v, (int, float))],
+            pipe_table(
+                ["metric", "value"],
+                [[k, f"{v:.4f}"] for k, v in run.valid.items() if isinstance(v, (int, float))],
+            ),
         ]
     if not run.eval_results and not run.valid:
         lines.append(

@@ -16,6 +16,7 @@ from pretrain.planner.gpus import DEFAULT_MFU, GPUS, GiB
 from pretrain.planner.search import Plan, choose, plan_run
 from pretrain.run_layout import atomic_write
 from pretrain.slurm_limits import time_limit_hours
+from pretrain.tables import pipe_table
 
 PAPER_PLAN = Path(__file__).parent.parent / "sweep_plan.json"  # written by `plan --paper --write`
 
@@ -131,12 +132,21 @@ def _hours(h: float) -> str:
 
 def paper_table(rows: Sequence[dict[str, Any]]) -> str:
     """The markdown table of docs/performance.md."""
-    head = (
-        "| run | seq | global batch | micro x accum | recompute | train peak | eval peak | H200 "
-        "| H100 | exec. FLOPs/token | run time at 40% MFU | auto on H200: micro x accum, "
-        "recompute, exec./model, train peak, Slurm --time |"
-    )
-    lines = [head, "|" + "---|" * 12]
+    header = [
+        "run",
+        "seq",
+        "global batch",
+        "micro x accum",
+        "recompute",
+        "train peak",
+        "eval peak",
+        "H200",
+        "H100",
+        "exec. FLOPs/token",
+        "run time at 40% MFU",
+        "auto on H200: micro x accum, recompute, exec./model, train peak, Slurm --time",
+    ]
+    body = []
     for r in rows:
         a = r.get("auto_h200")
         auto = (
@@ -145,11 +155,20 @@ def paper_table(rows: Sequence[dict[str, Any]]) -> str:
             if a
             else "nothing fits"
         )
-        lines.append(
-            f"| {r['name']} | {r['seq_len']} | {r['global_batch']} | {r['micro_batch']} x "
-            f"{r['grad_accum']} | {r['checkpointing']}/{r['n_layers']} | "
-            f"{r['train_peak_gib']:.1f} GiB | {r['eval_peak_gib']:.1f} GiB "
-            f"| {'fits' if r['fits_h200'] else 'no'} | {'fits' if r['fits_h100'] else 'no'} "
-            f"| {r['executed_flops']:.3g} | {_hours(r['run_hours'])} | {auto} |"
+        body.append(
+            [
+                str(r["name"]),
+                str(r["seq_len"]),
+                str(r["global_batch"]),
+                f"{r['micro_batch']} x {r['grad_accum']}",
+                f"{r['checkpointing']}/{r['n_layers']}",
+                f"{r['train_peak_gib']:.1f} GiB",
+                f"{r['eval_peak_gib']:.1f} GiB",
+                "fits" if r["fits_h200"] else "no",
+                "fits" if r["fits_h100"] else "no",
+                f"{r['executed_flops']:.3g}",
+                _hours(r["run_hours"]),
+                auto,
+            ]
         )
-    return "\n".join(lines)
+    return pipe_table(header, body)

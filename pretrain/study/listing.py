@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pretrain.study.runs import Study, StudyRun
 from pretrain.study.slurm import Slurm
+from pretrain.tables import pipe_table, text_table
 
 TABLE_COLUMNS = (
     "run",
@@ -55,21 +56,10 @@ def format_run_table(study: Study, markdown: bool = False) -> str:
     """The study's runs as an aligned table, or a markdown one."""
     rows = table_rows(study.runs)
     if markdown:
-        lines = [
-            "| " + " | ".join(TABLE_COLUMNS) + " |",
-            "|" + "|".join("---" if i == 0 else "---:" for i in range(len(TABLE_COLUMNS))) + "|",
-        ]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines)
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(TABLE_COLUMNS)]
-
-    def fmt(row: tuple[str, ...]) -> str:
-        return "  ".join(
-            v.ljust(w) if i == 0 else v.rjust(w)
-            for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        return pipe_table(
+            TABLE_COLUMNS, rows, align=["left"] + ["right"] * (len(TABLE_COLUMNS) - 1)
         )
-
-    return "\n".join([fmt(TABLE_COLUMNS), *(fmt(row) for row in rows)])
+    return text_table(TABLE_COLUMNS, rows)
 
 
 __all__ = ["TABLE_COLUMNS", "format_run_table", "table_rows"]

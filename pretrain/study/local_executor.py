@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pretrain.launch_env import LAUNCH_VARS
 from pretrain.study.records import (
     RUN_LOCK_FD_VAR,
     LocalRecord,
@@ -36,7 +37,6 @@ from pretrain.study.records import (
 from pretrain.study.runs import relative_path
 from pretrain.study.selection import Echo, check_files, eval_done, report_skipped
 from pretrain.study.status import COMPLETED, SUBMITTABLE, read_progress, study_status
-from pretrain.train.distributed import LAUNCH_VARS
 
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun

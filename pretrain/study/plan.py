@@ -23,17 +23,21 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
-
-import torch
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pretrain
 from pretrain.config import Config, from_dict
 from pretrain.model.recompute import describe_recompute
-from pretrain.planner.gpus import DEFAULT_MFU, GPU, GiB, parse_gpu
-from pretrain.planner.search import Plan, document_fraction, plan_run
 from pretrain.run_layout import atomic_write
 from pretrain.study.runs import Study, StudyRun
+from pretrain.tables import text_table
+
+if TYPE_CHECKING:
+    from pretrain.planner.gpus import GPU
+    from pretrain.planner.search import Plan
+
+# The planner (and torch) load inside the functions that trace: `study write`, `status` and
+# `submit` import this module's neighbours and must not pay for them (tests/contracts.py).
 
 # Bump when what a trace gives changes in a way the planner's source files do not show (or
 # PlanFigures changes): every plan cache entry written before is then a miss.
@@ -106,6 +110,8 @@ def _trace_key(run: StudyRun, ranks: int) -> str:
 def _planner_stamp() -> dict[str, Any]:
     """The planner's version: the constant, torch's, and the sha256 of the source it runs
     (read once per process: the code that was imported is the code that traces)."""
+    import torch
+
     root = Path(pretrain.__file__).resolve().parent
     digest = hashlib.sha256()
     for pattern in _PLANNER_SOURCES:
@@ -124,6 +130,8 @@ def _cache_key(trace_key: str, cfg: Config, device: GPU) -> str:
     """The sha256 of all a trace depends on: the config and GPUs (`_trace_key`), the GPU, the
     planner's version and, with a document mask, the attention share measured on the data
     here (its executed FLOPs; pretrain/planner/search.py document_fraction)."""
+    from pretrain.planner.search import document_fraction
+
     documents = document_fraction(cfg)[0] if cfg.data.document_mask else None
     material = {
         "trace": trace_key,
@@ -172,7 +180,7 @@ def _ranks(run: StudyRun) -> tuple[int, str]:
 def plan_rows(
     study: Study,
     gpu: str | None = None,
-    mfu: float = DEFAULT_MFU,
+    mfu: float | None = None,
     log: TextIO | None = None,
     cache: bool = True,
     fresh: bool = False,
@@ -180,7 +188,12 @@ def plan_rows(
     """One row per run of the study on `gpu` (h100, h200; default: the study's `gpu:`).
 
     `cache`: reuse the traces kept in studies/NAME/plan_cache/ and keep the new ones there;
-    `fresh`: trace every run again (its traces still replace the cache's entries)."""
+    `fresh`: trace every run again (its traces still replace the cache's entries); `mfu`:
+    the planner's DEFAULT_MFU unless given."""
+    from pretrain.planner.gpus import DEFAULT_MFU, GiB, parse_gpu
+    from pretrain.planner.search import plan_run
+
+    mfu = DEFAULT_MFU if mfu is None else mfu
     device = parse_gpu(gpu or study.gpu)
     cache_dir = study.out_dir / PLAN_CACHE_DIR
     plans: dict[str, PlanFigures] = {}
@@ -310,16 +323,8 @@ def format_plan_table(rows: list[dict[str, Any]]) -> str:
             _hours(sum(r["wall_hours"] for r in rows)),
         )
     )
-    widths = [max(len(row[i]) for row in table) for i in range(len(PLAN_COLUMNS))]
-
-    def line(row: tuple[str, ...]) -> str:
-        return "  ".join(
-            v.ljust(w) if i == 0 else v.rjust(w)
-            for i, (v, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-
     head = f"on {rows[0]['gpu']} ({rows[0]['gpu_gib']:.1f} GiB per GPU)" if rows else ""
-    return "\n".join([head, line(table[0]), *map(line, table[1:-1]), line(table[-1])])
+    return head + "\n" + text_table(PLAN_COLUMNS, table[1:])
 
 
 __all__ = [

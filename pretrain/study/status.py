@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from pretrain.run_layout import HANG_DIR, ROLLBACKS_FILE, RunLayout, read_metrics, tag_step
 from pretrain.study.records import (
     LocalRecord,
@@ -49,6 +50,7 @@ from pretrain.study.slurm_jobs import (
     queued_jobs,
     slurm_unreachable,
 )
+from pretrain.tables import Align, text_table
 
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
@@ -79,9 +81,6 @@ ACTIVE = frozenset({QUEUED, RUNNING, REQUEUED})
 FAILURES = frozenset({FAILED, HUNG, DIVERGED})
 # What `submit` submits (again): each resumes from its newest checkpoint.
 SUBMITTABLE = frozenset({NOT_STARTED, STOPPED, CANCELLED, FAILED, HUNG})
-
-EXIT_PREEMPTED = 99  # pretrain/train/trainer.py: checkpoint saved, not finished
-EXIT_HUNG = 124  # pretrain/train/watchdog.py
 
 
 # ----------------------------------------------------------------------------- run folder
@@ -412,17 +411,9 @@ def status_cells(row: RunStatus) -> list[str]:
 def format_status_table(status: StudyStatus) -> str:
     """The rows as aligned text, then one line that counts them."""
     cells = [status_cells(r) for r in status.rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(STATUS_COLUMNS)]
-    numeric = {2, 3, 4, 5, 6, 7}
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if i in numeric else v.ljust(w)
-            for i, (v, w) in enumerate(zip(values, widths, strict=True))
-        ).rstrip()
-
-    lines = [line(STATUS_COLUMNS), *(line(c) for c in cells), status_summary(status)]
-    return "\n".join(lines)
+    # run and state on the left, the figures (step .. ETA) on the right, then the job's.
+    align: list[Align] = ["left", "left", *["right"] * 6, "left", "left"]
+    return text_table(STATUS_COLUMNS, cells, align=align) + "\n" + status_summary(status)
 
 
 def status_summary(status: StudyStatus) -> str:

@@ -58,8 +58,8 @@ from typing import Any, Protocol
 import torch
 
 from pretrain.faults import fault_point
-from pretrain.model.weights import weights_state
 from pretrain.train.deepspeed_adapter import CapturedFiles, capture_checkpoint_files
+from pretrain.weights import weights_state
 
 # Host copy storage (its _cdata) -> the device of the original, for torch.save's tag.
 _LOCATIONS: dict[int, torch.device] = {}

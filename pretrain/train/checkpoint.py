@@ -53,7 +53,6 @@ from pretrain.integrity import (
     is_unverified,
     verify_checkpoint,
 )
-from pretrain.model.weights import WEIGHTS_FILE, WeightsError, parse_init_from
 from pretrain.run_layout import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -87,6 +86,7 @@ from pretrain.train.state_files import (
     rng_state,
     set_rng_state,
 )
+from pretrain.weights import WEIGHTS_FILE, WeightsError, parse_init_from
 
 
 def _fsync_file(path: str | Path) -> None:
@@ -537,7 +537,7 @@ def check_init_from(spec: str | None) -> None:
     """checkpoint.init_from takes a run (its newest checkpoint), RUN@STEP, a checkpoint folder
     or a weights folder (model.safetensors + config.yaml, as every checkpoint holds and
     tools/import_hf.py writes); any other folder is refused in one line saying what to give.
-    The source's shape and integrity are checked next (model/weights.py, init_from_source)."""
+    The source's shape and integrity are checked next (weights.py, init_from_source)."""
     if not spec:
         return
     folder = Path(parse_init_from(spec)[0])

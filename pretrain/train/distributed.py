@@ -32,24 +32,6 @@ class DistEnv:
         return self.rank == 0
 
 
-# The variables a launcher (torchrun, srun, DeepSpeed's) sets for one process of a job: a
-# process that starts its own, separate run (a study's local executor, a test's child) must
-# not inherit them.
-LAUNCH_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NTASKS",
-    "GROUP_RANK",
-    "ROLE_RANK",
-)
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -24,11 +24,11 @@ from pretrain.model.loss import linear_cross_entropy
 from pretrain.model.recompute import KEY as RECOMPUTE_KEY
 from pretrain.model.recompute import recompute_layers
 from pretrain.model.transformer import Transformer
-from pretrain.model.weights import load_initial_weights
 from pretrain.train import deepspeed_adapter
 from pretrain.train.fp8 import convert_to_fp8
 from pretrain.train.schedule import make_scheduler
 from pretrain.train.spikes import SkipStepOptimizer
+from pretrain.weights import load_initial_weights
 
 AUTO_COMPILE = "auto"  # train.compile's default: resolve_compile decides per device
 

@@ -1,15 +1,15 @@
-"""One path for a step's values: recorded on the device, read once, published once, in order.
+"""One path for a step's values: recorded by name on the device, read once, published once.
 
     StepRecord     what the loop knows of a step on the host as it ends (step, lr, tokens,
                    stopping, evaluation results); callbacks add host scalars to it in
                    on_step_end (speed, attention logits, a user's own)
-    StepMetrics    the step's named device tensors (loss, token sum, z term, grad norm) and
-                   the spike guard's pending judgement, per step until they are read;
-                   `read()` brings every pending step to the host in one transfer and has
-                   the guard judge them in step order; `flush()` reads, then returns each
-                   step as a frozen StepOutput, in step order, exactly once
-    StepOutput     a finished step, host-side only: what `on_values` gets and the writers
-                   write
+    StepMetrics    the steps taken and not yet published: each step's named device scalars
+                   (the names the sinks write: train/loss, progress/batch_token_sum, ...)
+                   and the spike guard's verdict or the values it will judge. `read()`
+                   brings the unread steps to the host in one transfer and returns them
+                   (nothing else: TrainModule.settle hands their values to the guard);
+                   `flush()` returns every step, settled, as a StepOutput, in step order,
+                   exactly once (pretrain/train/publish.py sends them to the sinks)
 
 Why on the device until a flush: on a GPU, reading a value the step computed (`float(loss)`)
 waits until the GPU has run everything queued before it, and the GPU then idles while the
@@ -17,8 +17,8 @@ host queues the next step's kernels. The trainer flushes at logging steps
 (logging.log_interval) and before anything that needs every step judged or on disk: an
 evaluation, a save, a stop, a rollback, the end of the run. A save needs the guard's history
 up to its step but must not publish (a user's callback may save from on_step_end, before
-the step's other callbacks added their scalars): it calls `read()` only. The pre-emption
-flag is needed every step and goes its own way (TrainModule.stop_requested).
+the step's other callbacks added their scalars): the trainer settles the steps only. The
+pre-emption flag is needed every step and goes its own way (TrainModule.stop_requested).
 tests/test_train_module.py counts the host reads of a run.
 
 OLMo-core's trainer has the same shape: modules record metrics as device tensors, the
@@ -29,19 +29,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+from pretrain.train.records import StepOutput
 
+if TYPE_CHECKING:
     import numpy as np
 
-    from pretrain.train.spikes import StepGuard, Unjudged, Verdict
+    from pretrain.train.spikes import Unjudged, Verdict
 
-# The device values of a step, in the order StepMetrics stacks them.
-VALUE_NAMES = ("loss", "batch_token_sum", "z_loss", "grad_norm")
+# What the guard judges: published from its verdict (a norm DeepSpeed skipped on is inf).
+LOSS, GRAD_NORM = "train/loss", "train/grad_norm"
 
 
 @dataclass
@@ -63,27 +63,6 @@ class StepRecord:
 
     def __post_init__(self) -> None:
         self.scalars.setdefault("train/lr", self.lr)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """A finished step: its host record and its device values, read. `scalars` holds every
-    scalar the writers write for it (train/*, progress/*, perf/*, valid/*, spikes/*, ...)."""
-
-    step: int
-    loss: float  # mean over the step's micro batches and ranks
-    grad_norm: float | None  # before clipping; None where DeepSpeed reports none
-    lr: float
-    tokens: int
-    batch_token_sum: float  # sum of the step's token ids over all ranks (a data fingerprint)
-    stopping: bool
-    log: bool
-    verdict: Verdict | None  # the loss-spike guard's (train/spikes.py)
-    evaluation: Mapping[str, float] | None
-    eval_seconds: float
-    scalars: Mapping[str, float]
-    events: tuple[tuple[str, str], ...]
-    images: Mapping[str, Any]
 
 
 def spike_report(v: Verdict, log: bool) -> tuple[dict[str, float], list[str]]:
@@ -125,37 +104,31 @@ def spike_report(v: Verdict, log: bool) -> tuple[dict[str, float], list[str]]:
 
 
 @dataclass
-class _Pending:
+class PendingStep:
+    """A step taken and not yet published."""
+
     record: StepRecord
-    values: torch.Tensor  # float64 [loss, token sum, z term, grad norm], on the device
+    names: tuple[str, ...]  # of `values`' rows
+    values: torch.Tensor  # float64, one per name, on the device
     judged: Verdict | Unjudged
-    host: list[float] | None = None  # `values`, once read
-    verdict: Verdict | None = None
+    host: dict[str, float] | None = None  # `values` by name, once read
+    verdict: Verdict | None = None  # once judged (TrainModule.settle)
 
 
 class StepMetrics:
-    """The steps taken and not yet published; see the module docstring. `z_loss`: whether
-    train/z_loss is a scalar of the run."""
+    """The steps taken and not yet published; see the module docstring."""
 
-    def __init__(self, guard: StepGuard, z_loss: bool = False) -> None:
-        self.guard = guard
-        self.z_loss = z_loss
-        self._steps: list[_Pending] = []
+    def __init__(self) -> None:
+        self._steps: list[PendingStep] = []
         self._unread = 0  # the newest steps whose values are still on the device
 
     def record(
         self, record: StepRecord, values: dict[str, torch.Tensor], judged: Verdict | Unjudged
     ) -> None:
-        """A step's named device scalars (VALUE_NAMES; a missing grad norm is NaN) and the
-        guard's verdict, or its Unjudged values, kept until read."""
-        ref = values["loss"]
-        row = [
-            values[n].reshape(()).to(torch.float64)
-            if n in values
-            else ref.new_full((), float("nan"), dtype=torch.float64)
-            for n in VALUE_NAMES
-        ]
-        self._steps.append(_Pending(record, torch.stack(row), judged))
+        """A step's named device scalars (0-d tensors) and the guard's verdict, or the
+        values it will judge, kept until published."""
+        row = torch.stack([v.reshape(()).to(torch.float64) for v in values.values()])
+        self._steps.append(PendingStep(record, tuple(values), row, judged))
         self._unread += 1
 
     @property
@@ -163,30 +136,29 @@ class StepMetrics:
         """Steps recorded and not yet published."""
         return len(self._steps)
 
-    def read(self) -> None:
-        """The unread steps' values to the host in one transfer, judged in step order."""
-        if not self._unread:
-            return
-        from pretrain.train.spikes import Unjudged
+    @property
+    def unsettled(self) -> list[int]:
+        """The steps the guard has not judged yet."""
+        return [p.record.step for p in self._steps if p.verdict is None]
 
+    def read(self) -> list[PendingStep]:
+        """The unread steps, their values brought to the host in one transfer."""
+        if not self._unread:
+            return []
         todo = self._steps[-self._unread :]
-        rows = torch.stack([p.values for p in todo]).tolist()
         self._unread = 0
+        # Steps may differ in names only if the config changed mid-run, which it cannot.
+        rows = torch.stack([p.values for p in todo]).tolist()
         for p, row in zip(todo, rows, strict=True):
-            p.host = row
-            judged = p.judged
-            if isinstance(judged, Unjudged):
-                norm = (
-                    judged.grad_norm if not isinstance(judged.grad_norm, torch.Tensor) else row[3]
-                )
-                p.verdict = self.guard.judge(judged, row[0], None if norm is None else float(norm))
-            else:
-                p.verdict = judged
+            p.host = dict(zip(p.names, row, strict=True))
+        return todo
 
     def flush(self) -> list[StepOutput]:
-        """Every recorded step as a StepOutput, in step order, each once."""
-        self.read()
-        outs = [self._output(p) for p in self._steps]
+        """Every recorded step as a StepOutput, in step order, each once. Each must be
+        settled (read and judged) first."""
+        if self.unsettled:
+            raise RuntimeError(f"steps {self.unsettled} published before the guard judged them")
+        outs = [_output(p) for p in self._steps]
         self._steps.clear()
         return outs
 
@@ -195,37 +167,23 @@ class StepMetrics:
         self._steps.clear()
         self._unread = 0
 
-    def _output(self, p: _Pending) -> StepOutput:
-        r, v = p.record, p.verdict
-        loss, token_sum, z_term, _ = p.host
-        grad_norm = None if v is None else v.grad_norm
-        scalars = {**r.scalars, "train/loss": loss}
-        if grad_norm is not None:
-            scalars["train/grad_norm"] = grad_norm
-        if self.z_loss:
-            scalars["train/z_loss"] = z_term
-        scalars["progress/batch_token_sum"] = token_sum
-        events = list(r.events)
-        if v is not None:
-            spike_scalars, lines = spike_report(v, r.log)
-            scalars.update(spike_scalars)
-            events += [("spikes", line) for line in lines]
-        return StepOutput(
-            step=r.step,
-            loss=loss,
-            grad_norm=grad_norm,
-            lr=r.lr,
-            tokens=r.tokens,
-            batch_token_sum=token_sum,
-            stopping=r.stopping,
-            log=r.log,
-            verdict=v,
-            evaluation=None if r.evaluation is None else MappingProxyType(dict(r.evaluation)),
-            eval_seconds=r.eval_seconds,
-            scalars=MappingProxyType(scalars),
-            events=tuple(events),
-            images=MappingProxyType(dict(r.images)),
-        )
+
+def _output(p: PendingStep) -> StepOutput:
+    r, v = p.record, p.verdict
+    scalars = {**r.scalars, LOSS: v.loss}
+    if v.grad_norm is not None:
+        scalars[GRAD_NORM] = v.grad_norm
+    scalars.update((k, x) for k, x in p.host.items() if k not in (LOSS, GRAD_NORM))
+    spike_scalars, lines = spike_report(v, r.log)
+    scalars.update(spike_scalars)
+    return StepOutput(
+        step=r.step,
+        log=r.log,
+        scalars=MappingProxyType(scalars),
+        verdict=v,
+        events=(*r.events, *(("spikes", line) for line in lines)),
+        images=MappingProxyType(dict(r.images)),
+    )
 
 
-__all__ = ["VALUE_NAMES", "StepMetrics", "StepOutput", "StepRecord", "spike_report"]
+__all__ = ["GRAD_NORM", "LOSS", "PendingStep", "StepMetrics", "StepRecord", "spike_report"]

@@ -13,6 +13,7 @@ to read, when to save, evaluate and roll back; it never touches the engine's num
     stopping = module.stop_requested(sums["stop"])        # the previous step's flag, no wait
     module.optimizer_step(record, data_step, sums)        # the guard may skip the update;
                                                           # the step's values recorded on device
+    module.settle()                                       # at flushes and saves: read, judged
     module.metrics.flush()                                # at logging steps: StepOutputs, once
 
 No wait for the GPU per step: the step's values stay on the device until the trainer's
@@ -35,8 +36,8 @@ from pretrain.config import Config
 from pretrain.data.documents import model_inputs_of
 from pretrain.faults import DataFaults
 from pretrain.model.transformer import Transformer
-from pretrain.train.metrics import StepMetrics, StepRecord
-from pretrain.train.spikes import StepGuard
+from pretrain.train.metrics import GRAD_NORM, LOSS, PendingStep, StepMetrics, StepRecord
+from pretrain.train.spikes import StepGuard, Unjudged
 
 
 class TrainModule:
@@ -58,7 +59,7 @@ class TrainModule:
         # (the trainer adds it) and their forward passes, which no other rank can hold up
         # (no collective in a forward under ZeRO 0-2). Host clock: on a GPU, a slow host shows.
         self.own_seconds = 0.0
-        self.metrics = StepMetrics(self.guard, z_loss=bool(cfg.train.z_loss))
+        self.metrics = StepMetrics()
         self._stop_copy: tuple[torch.Tensor, Any] | None = None  # (host copy, CUDA event)
 
     @property
@@ -105,15 +106,20 @@ class TrainModule:
         self.guard.begin(record.step, data_step, loss)
         self.engine.step()
         judged = self.guard.finish()
-        values = {
-            "loss": loss,
-            "batch_token_sum": sums["batch_token_sum"],
-            "z_loss": sums["z_loss"] / self.world_size,
-        }
-        # DeepSpeed's norm is a device tensor; a float or None stays with the verdict.
+        # Named as the sinks write them; a metric more is a line more here. The loss and
+        # DeepSpeed's norm (a device tensor; a float or None stays with the verdict) are
+        # what the guard judges, and are published from its verdict.
+        values = {LOSS: loss}
         if isinstance(judged.grad_norm, torch.Tensor):
-            values["grad_norm"] = judged.grad_norm
+            values[GRAD_NORM] = judged.grad_norm
+        if self.cfg.train.z_loss:
+            values["train/z_loss"] = sums["z_loss"] / self.world_size
+        values["progress/batch_token_sum"] = sums["batch_token_sum"]
         self.metrics.record(record, values, judged)
+
+    def settle(self) -> None:
+        """The steps not yet read brought to the host (one transfer) and judged by the guard."""
+        settle(self.metrics.read(), self.guard)
 
     def stop_requested(self, flag: torch.Tensor) -> bool:
         """Whether a rank asked to stop (`flag`: this step's all-reduced "signal received",
@@ -139,12 +145,33 @@ class TrainModule:
         self.guard.forget_flags()
 
     def state_dict(self) -> dict[str, Any]:
-        self.metrics.read()  # the guard's windows hold every step taken
+        """The guard's history; every step taken must be settled (its windows hold them)."""
+        self._check_settled()
         return self.guard.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.metrics.read()  # steps taken before the load are judged before it is replaced
+        self._check_settled()  # steps taken before the load are judged by the guard they met
         self.guard.load_state_dict(state)
 
+    def _check_settled(self) -> None:
+        if self.metrics.unsettled:
+            raise RuntimeError(
+                f"the guard's state is read before steps {self.metrics.unsettled} were judged "
+                f"(TrainModule.settle)"
+            )
 
-__all__ = ["TrainModule"]
+
+def settle(steps: list[PendingStep], guard: StepGuard) -> None:
+    """Each step's verdict: the guard's from inside the step, or the guard judges the step's
+    host values now, in step order (the detectors' windows): the same inputs in the same
+    order as a guard judging inside each step."""
+    for p in steps:
+        judged = p.judged
+        if isinstance(judged, Unjudged):
+            norm = p.host.get(GRAD_NORM, judged.grad_norm)
+            p.verdict = guard.judge(judged, p.host[LOSS], norm)
+        else:
+            p.verdict = judged
+
+
+__all__ = ["TrainModule", "settle"]

@@ -10,7 +10,8 @@
                     data steps it skipped; kept in RUN/rollbacks.json, so a resume skips them too
     DataWindows     the data steps a run never trains on (spikes.skip_data and every rollback's)
 
-The trainer (pretrain/train/trainer.py) drives them; the SpikeMonitor callback logs them.
+The trainer (pretrain/train/trainer.py) drives them; their scalars and lines go with each
+step's values to the sinks (pretrain/train/metrics.py spike_report, pretrain/train/sinks.py).
 
 A "data step" numbers the batches of the data stream: data step s is the batch that step s
 reads when no data is skipped. Skipping a data window moves every later step forward in the

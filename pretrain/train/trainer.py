@@ -1,30 +1,21 @@
 """The training loop: `Trainer(cfg).fit()`.
 
-    fit()                      set up, resume, then one step after another until train_iters
-      setup()                  process group, data, DeepSpeed engine: one frozen RunContext
-                               (self.run); resume from a checkpoint
-      the life of a step:
-        train_step()           one optimizer step of the TrainModule (pretrain/train/module.py:
-                               forward/backward per micro batch, the guarded update), one
-                               all-reduce; the step's values recorded on the device; returns
-                               its StepRecord (pretrain/train/metrics.py)
-        evaluators             the due ones (pretrain/train/evaluators/: validation, loss by
-                               position, ...), in the watchdog's slow phase, outside tokens/s
-        on_step_end            callbacks add host scalars to the record
-        flush()                at logging steps and before a save, stop or rollback: the
-                               steps' values read in one transfer, judged by the spike guard,
-                               published once in step order (on_values: console, writers)
-        checkpoint schedule    save when due (pretrain/train/checkpoint_schedule.py)
-      rollback()               back to the checkpoint before a run of loss spikes, skipping
-                               their data (spikes.rollback_after; pretrain/train/recovery.py)
-      callbacks                everything else, on a few hooks (pretrain/train/callbacks/):
-                               hang watchdog, console, metrics, TensorBoard, W&B, speed and
-                               MFU, spikes, attention logits, pre-emption
+    fit()                  set up (one frozen RunContext, self.run), resume, then step to
+                           train_iters; per step:
+      train_step()         the TrainModule's forward/backward per micro batch and guarded
+                           update (pretrain/train/module.py), one all-reduce; the step's
+                           named values recorded on the device; its StepRecord
+      evaluators           the due ones (pretrain/train/evaluators/), in the slow phase
+      on_step_end          callbacks add host scalars to the record
+      flush()              at logging steps and before a save, stop or rollback: the steps
+                           read in one transfer, judged by the spike guard, published in
+                           step order to the sinks (console, metrics file, TensorBoard,
+                           W&B: pretrain/train/publish.py, sinks.py), then on_values
+      checkpoint schedule  save when due (pretrain/train/checkpoint_schedule.py)
+      rollback()           back past a run of loss spikes (pretrain/train/recovery.py)
 
-The numerics live in the TrainModule; a callback reads a few names of the trainer
-(callbacks/base.py) and the step's record or output, and may save or ask to stop
-(`stop_signal`: the step ends, a checkpoint is saved, exit EXIT_PREEMPTED = 99, which Slurm
-requeues on; a hang exits EXIT_HUNG = 124, pretrain/train/watchdog.py, requeued too).
+Callbacks (pretrain/train/callbacks/) read a few names of the trainer (callbacks/base.py)
+and may save or ask to stop (`stop_signal`: a checkpoint, then EXIT_PREEMPTED).
 """
 
 from __future__ import annotations
@@ -39,8 +30,8 @@ import yaml
 
 from pretrain.config import Config, ConfigError, to_dict
 from pretrain.data.pipeline import DataSource
+from pretrain.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from pretrain.faults import fault_point
-from pretrain.model.weights import save_weights
 from pretrain.run_layout import ROLLBACKS_FILE, RunLayout, atomic_write
 from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks import Callback, build_callbacks, build_evaluators
@@ -50,6 +41,8 @@ from pretrain.train.context import RunContext, build_context
 from pretrain.train.engine import RunPlanner
 from pretrain.train.evaluators import Evaluator, run_due
 from pretrain.train.metrics import StepRecord
+from pretrain.train.publish import Publisher, Sink
+from pretrain.train.records import Record, Rewound
 from pretrain.train.recovery import (
     check_same_model,
     drop_stale_checkpoints,
@@ -59,25 +52,18 @@ from pretrain.train.recovery import (
     saved_states,
     trainer_state,
 )
+from pretrain.train.sinks import build_sinks
 from pretrain.train.spikes import Rollback, read_rollbacks
-from pretrain.train.watchdog import (
-    EXIT_HUNG,  # 124: the hang watchdog ended the run; requeue
-    slow_phase,
-)
-
-EXIT_OK = 0
-EXIT_PREEMPTED = 99  # a signal-triggered checkpoint was written; requeue and re-run
+from pretrain.train.watchdog import slow_phase
+from pretrain.weights import save_weights
 
 
 class Trainer:
-    """Trains (or resumes) the run that `cfg` describes.
-
-    `data` replaces the megatron-core pipeline (in-memory datasets for tests and the
-    throughput benchmark); `callbacks` replaces the ones the config chooses
-    (`build_callbacks(cfg)`; the evaluators stay the config's); `save_checkpoints=False`
-    writes none (the benchmark).
-    `planner` decides the "auto" of `activation_checkpointing` and `compile` (the program
-    passes the planner's; training itself never imports the planner).
+    """Trains (or resumes) the run that `cfg` describes. Instead of what the config chooses:
+    `data` (in-memory datasets for tests and the benchmark), `callbacks` (build_callbacks;
+    the evaluators stay the config's), `sinks` (build_sinks); `save_checkpoints=False`
+    writes none. `planner` decides the "auto" of `activation_checkpointing` and `compile`
+    (the program passes the planner's; training itself never imports the planner).
     """
 
     def __init__(
@@ -87,11 +73,13 @@ class Trainer:
         callbacks: list[Callback] | None = None,
         save_checkpoints: bool = True,
         planner: RunPlanner | None = None,
+        sinks: list[Sink] | None = None,
     ) -> None:
         self.cfg = cfg
         self.given_data = data
         self.planner = planner
         self.callbacks = callbacks if callbacks is not None else build_callbacks(cfg)
+        self.publisher = Publisher(sinks if sinks is not None else build_sinks(cfg))
         self.checkpoints = CheckpointSchedule(cfg.checkpoint.interval) if save_checkpoints else None
         self.evaluators: list[Evaluator] = []  # built by setup(), once the data is known
         self.layout = RunLayout(cfg.logging.run_dir, cfg.checkpoint.dir)
@@ -124,6 +112,7 @@ class Trainer:
             if self.checkpoints is not None:
                 self.checkpoints.start(self)
             self.fire("on_train_start")
+            self.publisher.open(self)
             self.train_started = True
             while self.step < iters:
                 record = self.train_step()
@@ -205,10 +194,17 @@ class Trainer:
             self.fire("on_evaluation", results)
 
     def flush(self) -> None:
-        """Publish every step taken and not yet published: on_values, in step order."""
+        """Publish every step taken and not yet published, in step order: to the sinks, then
+        on_values."""
+        self.run.module.settle()
         outs = self.run.module.metrics.flush()
         if outs:
+            self.publisher.publish(outs)
             self.fire("on_values", outs)
+
+    def publish(self, record: Record) -> None:
+        """A record of its own to every sink (a hang's verdict)."""
+        self.publisher.publish([record])
 
     def _end(self, exit_code: int | None) -> None:
         """The run's end, on every path: what is left published (a run that failed on the
@@ -223,6 +219,8 @@ class Trainer:
                 self.flush()
         if self.checkpoints is not None:
             self.checkpoints.end(self, exit_code)
+        if self.train_started:
+            self.publisher.close(self, exit_code)
         self.fire("on_fit_end", exit_code)
 
     def rollback(self, first_step: int, first_data_step: int) -> None:
@@ -242,6 +240,7 @@ class Trainer:
         fault_point("rollback_recorded", self.step)
         self._drop_stale_checkpoints()
         self._load(tag)
+        self.publisher.publish([Rewound.of(record, self.step)])
         self.fire("on_rollback", record)
         fault_point("rollback_done", self.step)
 
@@ -289,8 +288,9 @@ class Trainer:
                 f"batch size it was trained with"
             )
         guard, saved_callbacks = saved_states(state)
+        self.run.module.settle()  # steps taken before the load meet the guard they knew
         self.run.module.load_state_dict(guard)
-        for cb in self.callbacks:
+        for cb in self._stateful():
             if cb.state_key and cb.state_key in saved_callbacks:
                 cb.load_state_dict(saved_callbacks[cb.state_key])
         self._batches = None  # reopened where the next step reads
@@ -314,9 +314,10 @@ class Trainer:
 
     def save(self) -> Path:
         """Checkpoint the current step (every rank calls it); returns its folder."""
-        state = trainer_state(
-            self.cfg, self.consumed, self.callbacks, self.run.module, self.rollbacks, self.resolved
-        )
+        module, stateful = self.run.module, self._stateful()
+        module.settle()  # the guard's history holds every step taken
+        rollbacks, resolved = self.rollbacks, self.resolved
+        state = trainer_state(self.cfg, self.consumed, stateful, module, rollbacks, resolved)
         try:
             with slow_phase("a checkpoint"):
                 folder = self.run.checkpointer.save(
@@ -324,8 +325,13 @@ class Trainer:
                 )
         except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
             raise save_failed(e, self.layout.checkpoints, self.step) from None
+        self.publisher.flush()
         self.fire("on_save", folder)
         return folder
+
+    def _stateful(self) -> list[Callback | Sink]:
+        """What has its state in a checkpoint, by state_key: callbacks and sinks."""
+        return [*self.callbacks, *self.publisher.sinks]
 
     def wait_for_saves(self) -> None:
         """Until a save in flight (checkpoint.async) is on disk; its error, if it failed."""
@@ -367,9 +373,8 @@ class Trainer:
 
 
 def train(cfg: Config, data: DataSource | None = None, **kwargs: Any) -> int:
-    """Train (or resume) the run described by `cfg` (Trainer's arguments). Returns EXIT_OK or
-    EXIT_PREEMPTED."""
+    """Train (or resume) the run `cfg` describes (Trainer's arguments): EXIT_OK, EXIT_PREEMPTED."""
     return Trainer(cfg, data, **kwargs).fit()
 
 
-__all__ = ["EXIT_HUNG", "EXIT_OK", "EXIT_PREEMPTED", "Trainer", "train"]
+__all__ = ["Trainer", "train"]

@@ -28,10 +28,7 @@ rank that is legitimately busy (rank 0 writing the weights file while the others
 barrier) its own allowance. A rank that cannot reach the store (the process hosting it is
 gone) and is overdue acts alone: it writes its stacks and exits.
 
-EXIT_HUNG = 124 is the code GNU `timeout` gives a command that ran out of time, so it reads
-as a timeout in any shell log; it is above 99 (pre-empted) and 1 (a failure), so that srun,
-which reports the highest exit code of its tasks, reports it even when a rank whose
-collective failed under it exits 1; below 128, so it never reads as a death by signal.
+It exits EXIT_HUNG (124, pretrain/exit_codes.py, which says why that number);
 slurm/launch.sh requeues it (PRETRAIN_MAX_HANG_REQUEUES times).
 """
 
@@ -52,9 +49,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from pretrain.exit_codes import EXIT_HUNG
 from pretrain.run_layout import atomic_write
 
-EXIT_HUNG = 124
 KEY = "pretrain/watchdog"
 
 
@@ -388,7 +385,6 @@ def default_store() -> Any:
 
 
 __all__ = [
-    "EXIT_HUNG",
     "Watchdog",
     "default_store",
     "format_stacks",

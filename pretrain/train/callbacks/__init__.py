@@ -1,13 +1,14 @@
 """Callbacks: everything the training loop does besides the step itself.
 
 The config chooses them (`build_callbacks`): the built-in ones below, configured by the
-`logging`, `checkpoint` and `wandb` sections, then the user's own from `callbacks:` (a
-dotted class path and its arguments), which run after the built-in ones and before the
-writers: in on_step_end they see every built-in host scalar of the step and may add their
-own; in on_values every scalar of the finished step. A `callbacks:` entry may also name an
-evaluator (pretrain/train/evaluators/): the trainer runs it on its schedule.
-Checkpoints and evaluations are not callbacks: the trainer owns them as components
-(pretrain/train/checkpoint_schedule.py, pretrain/train/evaluators/).
+`logging` and `train` sections, then the user's own from `callbacks:` (a dotted class path
+and its arguments), which run after the built-in ones: in on_step_end they see every
+built-in host scalar of the step and may add their own; in on_values every scalar of the
+finished step. A `callbacks:` entry may also name an evaluator (pretrain/train/evaluators/):
+the trainer runs it on its schedule; or a sink (pretrain/train/publish.py): every record of
+the run is written to it. Checkpoints, evaluations and the sinks (console, metrics file,
+TensorBoard, W&B) are not callbacks: the trainer owns them as components
+(pretrain/train/checkpoint_schedule.py, pretrain/train/evaluators/, pretrain/train/sinks.py).
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ import inspect
 from typing import Any
 
 from pretrain.config import ConfigError
+from pretrain.exit_codes import EXIT_OK
 from pretrain.train.callbacks.base import Callback, StepOutput, StepRecord
-from pretrain.train.callbacks.console import ConsoleProgress, Samples
-from pretrain.train.callbacks.evaluation import Evaluation
 from pretrain.train.callbacks.hang import HangWatchdog
 from pretrain.train.callbacks.max_logit import MaxLogitMonitor
 from pretrain.train.callbacks.preemption import Preemption
+from pretrain.train.callbacks.samples import Samples
 from pretrain.train.callbacks.speed import SpeedMonitor
-from pretrain.train.callbacks.spikes import SpikeMonitor
-from pretrain.train.callbacks.writers import MetricsFile, TensorBoard, WandbLogger
 from pretrain.train.evaluators import Evaluator, Validation
+from pretrain.train.publish import Sink
 
 
 def build_callbacks(cfg) -> list[Callback]:
@@ -37,20 +37,13 @@ def build_callbacks(cfg) -> list[Callback]:
     out: list[Callback] = (
         [HangWatchdog(t.hang_timeout, t.hang_timeout_long)] if t.hang_timeout else []
     )
-    out += [Preemption(), SpeedMonitor(), SpikeMonitor()]
+    out += [Preemption(), SpeedMonitor()]
     if log.max_logit_interval > 0:
         out.append(MaxLogitMonitor(log.max_logit_interval))
-    out += [ConsoleProgress(), Evaluation()]
     for i, spec in enumerate(cfg.callbacks):
         cls = callback_class(spec, f"callbacks[{i}]")
         if issubclass(cls, Callback):
             out.append(cls(**{k: v for k, v in spec.items() if k != "class"}))
-    out.append(MetricsFile())
-    if log.tensorboard:
-        out.append(TensorBoard())
-    if cfg.wandb.enabled:
-        w = cfg.wandb
-        out.append(WandbLogger(w.project, w.entity, w.name, w.group, w.tags, w.mode))
     out.append(Samples())
     out.append(_EndSummary())
     return out
@@ -74,10 +67,10 @@ def callback_class(spec: dict[str, Any], key: str = "callbacks[0]") -> type:
             f"or install its package"
         ) from None
     cls = getattr(module, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Callback | Evaluator)):
+    if not (isinstance(cls, type) and issubclass(cls, Callback | Evaluator | Sink)):
         raise ConfigError(
-            f"{key}.class={path!r} is neither a pretrain.train.callbacks.Callback nor a "
-            f"pretrain.train.evaluators.Evaluator subclass"
+            f"{key}.class={path!r} is not a subclass of pretrain.train.callbacks.Callback, "
+            f"pretrain.train.evaluators.Evaluator or pretrain.train.publish.Sink"
         )
     kwargs = {k: v for k, v in spec.items() if k != "class"}
     try:
@@ -111,7 +104,7 @@ class _EndSummary(Callback):
     """Where the results are, once a run has finished."""
 
     def on_fit_end(self, trainer, exit_code) -> None:
-        if exit_code == 0 and trainer.train_started:
+        if exit_code == EXIT_OK and trainer.train_started:
             trainer.log(f"TensorBoard: tensorboard --logdir {trainer.layout.root}")
             trainer.log(f"metrics:     {trainer.layout.metrics}")
 
@@ -119,19 +112,13 @@ class _EndSummary(Callback):
 __all__ = [
     "Callback",
     "callback_class",
-    "ConsoleProgress",
-    "Evaluation",
     "HangWatchdog",
     "MaxLogitMonitor",
-    "MetricsFile",
     "Preemption",
     "Samples",
     "SpeedMonitor",
-    "SpikeMonitor",
     "StepOutput",
     "StepRecord",
-    "TensorBoard",
-    "WandbLogger",
     "build_callbacks",
     "build_evaluators",
 ]

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pretrain.config import Config
 from pretrain.run_layout import RunLayout
-from pretrain.train.metrics import StepOutput, StepRecord
+from pretrain.train.metrics import StepRecord
+from pretrain.train.records import Record, StepOutput
 
 if TYPE_CHECKING:
     from pretrain.train.context import RunContext
@@ -35,6 +36,8 @@ class Trainer(Protocol):
 
     def save(self) -> Path: ...
 
+    def publish(self, record: Record) -> None: ...
+
 
 class Callback:
     """Override the hooks you need. Each gets the trainer, as the `Trainer` protocol above
@@ -49,16 +52,19 @@ class Callback:
                           knows (step, lr, tokens, stopping, evaluation); add host scalars,
                           events and images to it here. Its device values (loss, grad norm,
                           the spike guard's verdict) are not read yet: see on_values
-        on_values         with finished steps (StepOutput: host-side, frozen), each exactly
+        on_values         with finished steps (StepOutput: host-side, frozen: the step, its
+                          named scalars, the guard's verdict, events, images), each exactly
                           once, in step order, after their on_step_end: at logging steps
                           and before a save, a stop, a rollback and the end
-                          (pretrain/train/metrics.py); the writers write here
+                          (pretrain/train/metrics.py), after the sinks wrote them
+                          (pretrain/train/publish.py: to write records, write a Sink)
         on_save           after a checkpoint is complete, with its folder (with
                           checkpoint.async: once its state is copied; the folder is
                           complete when the writer thread is done)
         on_rollback       after a rollback restored an earlier checkpoint (spikes.rollback_after),
                           with its Rollback record; trainer.step is the checkpoint's step
-        on_fit_end        always, last; exit_code is 0, 99 (pre-empted) or None (an error)
+        on_fit_end        always, last; exit_code is EXIT_OK, EXIT_PREEMPTED or None (an
+                          error; pretrain/exit_codes.py)
 
     A callback with `state_key` set has its `state_dict()` saved in every checkpoint and
     handed back to `load_state_dict()` on resume.

@@ -5,11 +5,8 @@ step's heartbeat comes before its save and the end reaches it before anything el
 from __future__ import annotations
 
 from pretrain.train.callbacks.base import Callback, StepRecord
+from pretrain.train.records import Notice
 from pretrain.train.watchdog import Watchdog, default_store
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)  # the verdict, from whichever rank judged
 
 
 class HangWatchdog(Callback):
@@ -30,7 +27,9 @@ class HangWatchdog(Callback):
             self.timeout,
             self.long_timeout,
             report=layout.hang_report,
-            log=_print,
+            # The verdict, from whichever rank judged, to the sinks: the console of that
+            # rank, and rank 0's TensorBoard (flushed: the process exits next).
+            log=lambda line: trainer.publish(Notice(trainer.step, "hang", line)),
             step=trainer.step,
         )
         self.watchdog.start()

@@ -1,5 +1,6 @@
 """Our model and its peers at one config with one set of weights, each behind the same
-`loss(x, y)` call: what `tools/benchmark.py peers` times.
+`loss(x, y)` call: what the race (peer_race.py) times, for `tools/benchmark.py peers` and
+the GPU check's peers stages.
 
 Two shapes, the paper's two 1B families (`SHAPES`; width and depth are the caller's):
 
