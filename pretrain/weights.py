@@ -29,6 +29,7 @@ from pretrain.run_layout import (
     STATE_FILE,
     atomic_write,
     step_tag,
+    tag_step,
 )
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,30 @@ def load_initial_weights(model: Transformer, spec: str) -> Path:
                 f"checkpoint.init_from={spec!r}: {folder} is damaged: {problems[0]}; use an "
                 f"earlier step (RUN@STEP)"
             )
-    state = load_file(str(folder / WEIGHTS_FILE), device="cpu")
+    try:
+        state = load_file(str(folder / WEIGHTS_FILE), device="cpu")
+    except Exception as e:  # safetensors' own error types: a file that is not safetensors
+        raise WeightsError(
+            f"checkpoint.init_from={spec!r}: {folder / WEIGHTS_FILE} cannot be read "
+            f"({type(e).__name__}: {e}); write it again or use an earlier step (RUN@STEP)"
+        ) from None
     if source.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state, strict=True)
     return folder
+
+
+def init_from_summary(spec: str, target: ModelConfig) -> str:
+    """The log line of a run started from `checkpoint.init_from`: where the weights came
+    from (and its step: this run counts from 0), that every weight was kept, and what the
+    position surgery changed (INIT_FROM_FREE fields), or that nothing did."""
+    folder, source = init_from_source(spec, target)
+    step = tag_step(folder.name)
+    changed = [
+        f"model.{name} {getattr(source, name)!r} -> {getattr(target, name)!r}"
+        for name in INIT_FROM_FREE
+        if getattr(source, name) != getattr(target, name)
+    ]
+    origin = f"{folder}" + (f" (its step {step})" if step is not None else "")
+    what = "; changed: " + ", ".join(changed) if changed else "; the same model"
+    return f"initialised from {origin}, every weight kept, this run counting from step 0{what}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -165,22 +166,35 @@ def test_every_config_in_configs_exports():
         assert config.model_type == target
         assert config.architectures == [CLASS_NAMES[target]], path
         counts[target] = counts.get(target, 0) + 1
-        native = target != REMOTE
-        # the native class exactly when it holds the model: full RoPE Llama, LayerNorm/GeLU NeoX
-        assert native == (
-            not cfg.qk_norm
-            and not cfg.learned_pos_emb
-            and (
-                (cfg.norm, cfg.mlp, cfg.block, cfg.rope_dims)
-                == ("rmsnorm", "swiglu", "sequential", cfg.head_dim)
-                or (cfg.norm, cfg.mlp, cfg.kv_heads) == ("layernorm", "gelu", cfg.n_heads)
-                and cfg.rope_dims > 0
-            )
-        ), path
-    # every config exports: 11 native (8 Llama, 3 GPT-NeoX) and 66 remote code, as README.md
-    # and docs/model.md say (a new config updates them)
-    assert counts == {"llama": 8, "gpt_neox": 3, REMOTE: 66}, counts
+        assert (target != REMOTE) == holds_natively(cfg), path
+    # every config exports: 36 native (32 Llama, 3 GPT-NeoX, 1 Qwen3) and 41 remote code, as
+    # README.md and docs/model.md say (a new config updates them)
+    assert counts == {"llama": 32, "gpt_neox": 3, "qwen3": 1, REMOTE: 41}, counts
     assert len(CONFIG_FILES) == 77
+
+
+def holds_natively(cfg: ModelConfig) -> bool:
+    """Whether a native class holds the model exactly, from the classes' own definitions
+    (transformers' modeling files): GPT-NeoX's LayerNorm/GeLU/MHA with RoPE on some dims, or
+    Llama's RMSNorm/SwiGLU sequential layers (MLP biases too) with RoPE on the whole head or,
+    unscaled, partial RoPE, p-RoPE and NoPE as the proportional rope_type, whose base
+    theta^(head_dim/r) transformers computes in fp32; QK-Norm as Qwen3's, which has no MLP
+    biases. No class has learned positions, ALiBi or a logit soft cap."""
+    if cfg.learned_pos_emb or cfg.alibi or cfg.attn_logit_softcap:
+        return False
+    r, d = cfg.rope_dims, cfg.head_dim
+    neox = (cfg.norm, cfg.mlp, cfg.kv_heads) == ("layernorm", "gelu", cfg.n_heads) and r > 0
+    if neox and not cfg.qk_norm:
+        return True
+    if (cfg.norm, cfg.mlp, cfg.block) != ("rmsnorm", "swiglu", "sequential") or cfg.dropout:
+        return False
+    if cfg.qk_norm and cfg.mlp_bias:
+        return False
+    if r in (0, d):
+        return True
+    scaled = cfg.rope_scaling is not None and cfg.rope_scaling.factor != 1.0
+    base_log10 = math.log10(cfg.rope_theta) * (1 if cfg.rope_spectrum == "p_rope" else d / r)
+    return not scaled and base_log10 < math.log10(torch.finfo(torch.float32).max)
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(REPO / "configs")))
@@ -373,7 +387,7 @@ def position_config(arch: str, keys: dict) -> ModelConfig:
 POSITION_VARIANTS = {
     "nope_every_2": ("llama", dict(nope_every=2), "smollm3"),
     "sliding_pattern_2": ("llama", dict(sliding_window=8, sliding_window_pattern=2), "smollm3"),
-    "sliding_every_layer": ("llama", dict(sliding_window=8), "smollm3"),
+    "sliding_every_layer": ("llama", dict(sliding_window=8), "mistral"),
     "sliding_global_nope": (
         "llama",
         dict(sliding_window=8, sliding_window_pattern=2, nope_every=2),
@@ -384,7 +398,13 @@ POSITION_VARIANTS = {
         dict(sliding_window=8, sliding_window_pattern=2, global_rope_theta=1e6, qk_norm=True),
         REMOTE,
     ),
-    "p_rope_25": ("llama", dict(rope_fraction=0.25, rope_spectrum="p_rope"), REMOTE),
+    "p_rope_25": ("llama", dict(rope_fraction=0.25, rope_spectrum="p_rope"), "llama"),
+    "partial_25": ("llama", dict(rope_fraction=0.25), "phi3"),
+    "qknorm_partial_sliding": (
+        "llama",
+        dict(qk_norm=True, rope_fraction=0.5, sliding_window=8, sliding_window_pattern=2),
+        "qwen3",
+    ),
     "p_rope_25_neox": ("neox", dict(rope_fraction=0.25, rope_spectrum="p_rope"), "gpt_neox"),
     "alibi": ("llama", dict(rope_fraction=0.0, alibi=True), REMOTE),
     "alibi_nope_every_2": ("llama", dict(alibi=True, nope_every=2), REMOTE),
@@ -411,7 +431,7 @@ POSITION_CASES = [
         "smollm3",
         {"llama": "model.sliding_window: 8"},
     ),
-    ("llama", dict(sliding_window=8), "smollm3", {"llama": "model.sliding_window: 8"}),
+    ("llama", dict(sliding_window=8), "mistral", {"llama": "model.sliding_window: 8"}),
     (
         "llama",
         dict(sliding_window=8, sliding_window_pattern=2, global_rope_theta=1e6),
@@ -421,8 +441,8 @@ POSITION_CASES = [
     (
         "llama",
         dict(rope_fraction=0.25, rope_spectrum="p_rope"),
-        REMOTE,
-        {"llama": "partial RoPE", "smollm3": "partial RoPE"},
+        "llama",
+        {"smollm3": "partial RoPE", "phi3": "NeoX's spectrum"},
     ),
     ("llama", dict(rope_spectrum="p_rope"), "llama", {}),  # full p-RoPE is full RoPE
     ("llama", dict(alibi=True), REMOTE, {"llama": "model.alibi", "smollm3": "model.alibi"}),

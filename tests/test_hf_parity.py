@@ -148,9 +148,15 @@ def test_import_llama_weights():
     [
         (dict(qk_norm=True, **LLAMA), "llama", ["QK-Norm"]),
         (
-            dict(block="sequential", norm="rmsnorm", mlp="swiglu", rope_fraction=0.25),
+            dict(
+                block="sequential",
+                norm="rmsnorm",
+                mlp="swiglu",
+                rope_fraction=0.25,
+                rope_scaling={"type": "yarn", "factor": 2.0},
+            ),
             "llama",
-            ["partial RoPE"],
+            ["partial RoPE", "no yarn scaling"],
         ),
         (
             dict(block="parallel", norm="rmsnorm", mlp="gelu"),

@@ -11,6 +11,7 @@ from train_support import baseline_run, metrics, run_main, tiny_config, write_co
 from pretrain.config import Config, ModelConfig, from_dict
 from pretrain.data.pipeline import build_data
 from pretrain.model import Transformer
+from pretrain.run_layout import STATE_FILE
 from pretrain.weights import (
     WeightsError,
     find_weights_dir,
@@ -48,7 +49,12 @@ def test_step0_loss_equals_the_source_models_loss_on_the_same_batch(tmp_path_fac
     )
     r = run_main(write_config(tmp_path / "run.yaml", cfg))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"initialised from the weights of {source}@6" in r.stdout + r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("initialised from")]
+    assert f"{source}/checkpoints/step_0000006 (its step 6), every weight kept" in line
+    assert "this run counting from step 0" in line
+    # one line says what the surgery changed: theta, scaling, the length
+    assert "model.rope_theta 10000.0 -> 20000.0" in line and "model.max_seq_len 32 -> 64" in line
+    assert "model.rope_scaling None -> RopeScalingConfig(" in line
     first = metrics(tmp_path / "run")[1]["train/loss"]
 
     src, _ = load_weights(find_weights_dir(source, 6))
@@ -90,3 +96,22 @@ def test_the_program_refuses_a_mismatch_before_training(tmp_path_factory, tmp_pa
     lines = [ln for ln in r.stderr.splitlines() if "init_from" in ln]
     assert len(lines) == 1 and "model.d_ff 64 -> 128" in lines[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+def test_a_weights_file_that_is_not_safetensors_is_one_line(tmp_path_factory, tmp_path):
+    """Simulates a damaged weights file (a fault): the run stops before training with one
+    line naming the file and the fix, exit 2, as tools/export_hf.py does on the same folder."""
+    import shutil
+
+    data, source = baseline_run(tmp_path_factory)
+    copy = tmp_path / "source"
+    shutil.copytree(source, copy)
+    folder = find_weights_dir(copy, 6)
+    (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    (folder / STATE_FILE).unlink()  # a weights folder without the integrity record (imported)
+    cfg = tiny_config(tmp_path / "run", data, checkpoint={"init_from": f"{copy}@6"})
+    r = run_main(write_config(tmp_path / "run.yaml", cfg))
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "model.safetensors cannot be read" in lines[0], r.stderr
+    assert "init_from=" in lines[0] and "Traceback" not in r.stderr

@@ -197,22 +197,26 @@ def _layer_signature(cfg: ModelConfig) -> list[tuple]:
     return out
 
 
-def _effective_rope(cfg: ModelConfig) -> tuple[float, dict[str, Any] | None]:
+def _effective_rope(cfg: ModelConfig) -> tuple[str, dict[str, Any] | None]:
     """(theta, scaling) as the frequencies see them: static ntk is a larger theta, a factor of 1
-    is none, the original length is spelled out, and p-RoPE is NeoX at its own theta."""
+    is none, the original length is spelled out, and p-RoPE is NeoX at its own theta (to 9
+    digits: theta^(r/d) of a theta^(d/r) written by the proportional rope_type is not bit-equal)."""
     theta, s = neox_theta(cfg), cfg.rope_scaling
     if s is None or s.factor == 1.0:
-        return theta, None
+        return f"{theta:.9g}", None
     if s.type == "ntk":
-        return theta * s.factor ** (cfg.rope_dims / (cfg.rope_dims - 2)), None
+        return f"{theta * s.factor ** (cfg.rope_dims / (cfg.rope_dims - 2)):.9g}", None
     scaling = to_dict(s)
     scaling["original_max_seq_len"] = cfg.original_max_seq_len
     if s.type != "yarn":
         for k in ("beta_fast", "beta_slow", "attention_factor", "truncate"):
             scaling.pop(k)
+    if s.type != "llama3":
+        for k in ("low_freq_factor", "high_freq_factor"):
+            scaling.pop(k)
     if s.type == "linear":
         scaling.pop("original_max_seq_len")
-    return theta, scaling
+    return f"{theta:.9g}", scaling
 
 
 # ----------------------------------------------------------------------------- weights
@@ -224,6 +228,11 @@ def our_tensor_names(cfg: ModelConfig) -> list[str]:
     with torch.device("meta"):
         names = list(Transformer(cfg).state_dict())
     return [n for n in names if not (cfg.tie_embeddings and n == "lm_head.weight")]
+
+
+def _shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
+    with torch.device("meta"):
+        return {k: v.shape for k, v in Transformer(cfg).state_dict().items()}
 
 
 def to_hf_state_dict(
@@ -240,7 +249,8 @@ def to_hf_state_dict(
         tensor = state[name].detach()
         m = t.tensor_map(cfg, name)
         if len(m.names) > 1:
-            out.update(zip(m.names, tensor.split(m.sizes), strict=True))
+            fused = m.to_hf(tensor) if m.to_hf else tensor
+            out.update(zip(m.names, fused.split(m.sizes), strict=True))
         else:
             out[m.names[0]] = m.to_hf(tensor) if m.to_hf else tensor
     for hf_name, shape in t.zero_filled(cfg).items():
@@ -268,10 +278,14 @@ def from_hf_state_dict(
 
     used: set[str] = set()
     ours: dict[str, torch.Tensor] = {}
+    absent = t.absent(cfg)
     for name in our_tensor_names(cfg):
         m = t.tensor_map(cfg, name)
-        if len(m.names) > 1:
-            ours[name] = torch.cat([take(n) for n in m.names])
+        if m.names[0] in absent:
+            ours[name] = torch.zeros(_shapes(cfg)[name], dtype=hf_state[next(iter(hf_state))].dtype)
+        elif len(m.names) > 1:
+            fused = torch.cat([take(n) for n in m.names])
+            ours[name] = m.from_hf(fused) if m.from_hf else fused
         else:
             ours[name] = m.from_hf(take(m.names[0])) if m.from_hf else take(m.names[0])
     # a tied model's output matrix, if the folder holds one anyway, under any of its names

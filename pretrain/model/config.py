@@ -30,7 +30,7 @@ def rotary_dims_from_fraction(fraction: float, head_dim: int) -> int:
     return 2 * math.floor(fraction * head_dim / 2 + 0.5 + 1e-9)
 
 
-ROPE_SCALINGS = ("linear", "ntk", "yarn", "dynamic_ntk")
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "dynamic_ntk", "llama3")
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -45,14 +45,17 @@ class RopeScalingConfig(Section):
     rotary dims (NTK-aware). yarn: per frequency, interpolated below beta_slow rotations over
     the original length, kept above beta_fast, a ramp between; cos and sin x attention_factor.
     dynamic_ntk: ntk with the factor grown with the sequence, only past original_max_seq_len.
-    Transformers' rope_type names: linear, dynamic (= dynamic_ntk), yarn; ntk is the default
-    RoPE with a larger theta. factor 1 is no scaling.
+    llama3 (Llama 3.1's): frequencies whose wavelength is longer than original length /
+    low_freq_factor are interpolated (/ factor), shorter than original / high_freq_factor
+    kept, a smooth blend between.
+    Transformers' rope_type names: linear, dynamic (= dynamic_ntk), yarn, llama3; ntk is the
+    default RoPE with a larger theta. factor 1 is no scaling.
     """
 
     key = "model.rope_scaling"
 
-    type: Literal["linear", "ntk", "yarn", "dynamic_ntk"] = "yarn"
-    """How positions are stretched: linear, ntk, yarn or dynamic_ntk."""
+    type: Literal["linear", "ntk", "yarn", "dynamic_ntk", "llama3"] = "yarn"
+    """How positions are stretched: linear, ntk, yarn, dynamic_ntk or llama3."""
     factor: Float = 1.0
     """How many times longer than the trained length (1 = no scaling)."""
     original_max_seq_len: Int | None = None
@@ -65,6 +68,10 @@ class RopeScalingConfig(Section):
     """yarn: the cos/sin multiplier; null = 0.1 ln(factor) + 1."""
     truncate: Bool = True
     """yarn: round the ramp's ends to whole dims (transformers' default)."""
+    low_freq_factor: Float = 1.0
+    """llama3: wavelengths past original length / this are interpolated (Llama 3.1: 1)."""
+    high_freq_factor: Float = 4.0
+    """llama3: wavelengths below original length / this are kept (Llama 3.1: 4)."""
 
     @model_validator(mode="after")
     def _check(self) -> RopeScalingConfig:
@@ -82,6 +89,11 @@ class RopeScalingConfig(Section):
             self.beta_fast > self.beta_slow > 0,
             f"model.rope_scaling: beta_fast={self.beta_fast} must be > beta_slow="
             f"{self.beta_slow} > 0",
+        )
+        _need(
+            self.high_freq_factor > self.low_freq_factor > 0,
+            f"model.rope_scaling: high_freq_factor={self.high_freq_factor} must be > "
+            f"low_freq_factor={self.low_freq_factor} > 0",
         )
         return self
 

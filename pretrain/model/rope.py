@@ -77,6 +77,21 @@ def _yarn_frequencies64(r: int, theta: float, s: RopeScalingConfig, original: in
     return extrapolated / s.factor * (1 - keep) + extrapolated * keep
 
 
+def _llama3_frequencies64(r: int, theta: float, s: RopeScalingConfig, original: int, device=None):
+    """transformers' _compute_llama3_parameters, in fp64: wavelengths longer than
+    original / low_freq_factor are interpolated (/ factor), shorter than
+    original / high_freq_factor kept, and between them a blend linear in original / wavelength."""
+    inv = _frequencies64(r, theta, device)
+    wavelength = 2 * math.pi / inv
+    smooth = (original / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * inv / s.factor + smooth * inv
+    out = torch.where(wavelength > original / s.low_freq_factor, inv / s.factor, inv)
+    middle = (wavelength >= original / s.high_freq_factor) & (
+        wavelength <= original / s.low_freq_factor
+    )
+    return torch.where(middle, blended, out)
+
+
 def scaled_frequencies(
     rotary_dims: int,
     theta: float,
@@ -99,7 +114,7 @@ def scaled_frequencies(
         raise ValueError("rope_scaling of a p-RoPE spectrum is not supported")
     f = scaling.factor
     original = scaling.original_max_seq_len or original_len
-    if scaling.type in ("yarn", "dynamic_ntk") and not original:
+    if scaling.type in ("yarn", "dynamic_ntk", "llama3") and not original:
         raise ValueError(f"rope_scaling {scaling.type} needs the original (trained) length")
     factor = 1.0
     if scaling.type == "linear":  # position interpolation: every position / factor
@@ -116,6 +131,8 @@ def scaled_frequencies(
     elif scaling.type == "yarn":
         inv = _yarn_frequencies64(r, theta, scaling, original, device)
         factor = yarn_attention_factor(scaling)
+    elif scaling.type == "llama3":
+        inv = _llama3_frequencies64(r, theta, scaling, original, device)
     else:
         raise ValueError(f"unknown rope_scaling type {scaling.type!r}")
     return inv.to(torch.float32), factor

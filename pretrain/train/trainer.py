@@ -55,7 +55,7 @@ from pretrain.train.recovery import (
 from pretrain.train.sinks import build_sinks
 from pretrain.train.spikes import Rollback, read_rollbacks
 from pretrain.train.watchdog import slow_phase
-from pretrain.weights import save_weights
+from pretrain.weights import init_from_summary, save_weights
 
 
 class Trainer:
@@ -257,7 +257,7 @@ class Trainer:
         if cfg.checkpoint.resume:
             self._resume()
         if self.resumed_from is None and cfg.checkpoint.init_from:
-            self.log(f"initialised from the weights of {cfg.checkpoint.init_from} (step 0)")
+            self.log(init_from_summary(cfg.checkpoint.init_from, cfg.model))
         if self.is_main:
             atomic_write(
                 self.layout.config, yaml.safe_dump(self.resolved, sort_keys=False), fsync=False

@@ -127,7 +127,7 @@ def scaled_frequencies(
     spectrum_dims: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """(fp64 inverse frequencies, cos/sin factor) under `rotary_scaling` (linear, ntk, yarn,
-    dynamic_ntk; transformers' formulas with dim = rotary_dims). The exporter's
+    dynamic_ntk, llama3; transformers' formulas with dim = rotary_dims). The exporter's
     pretrain/model/rope.py computes the same in the training code."""
     r = rotary_dims
     if not scaling or float(scaling.get("factor", 1.0)) == 1.0 or r == 0:
@@ -144,6 +144,14 @@ def scaled_frequencies(
         if seq_len <= original:
             return _frequencies(r, theta), 1.0
         return _frequencies(r, theta * ((f * seq_len / original) - (f - 1)) ** (r / (r - 2))), 1.0
+    if kind == "llama3":
+        inv = _frequencies(r, theta)
+        wavelength = 2 * math.pi / inv
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        smooth = (original / wavelength - low) / (high - low)
+        out = torch.where(wavelength > original / low, inv / f, inv)
+        middle = (wavelength >= original / high) & (wavelength <= original / low)
+        return torch.where(middle, (1 - smooth) * inv / f + smooth * inv, out), 1.0
     if kind != "yarn":
         raise ValueError(f"rotary_scaling type {kind!r} is unknown")
 

@@ -30,8 +30,9 @@ class TensorMap:
     """Where one of our tensors lives in a target's state dict.
 
     One name: the tensor is copied, or passed through `to_hf` (and back through `from_hf`)
-    when the target lays it out otherwise. Several names: ours is their tensors concatenated
-    along dim 0, in that order, of dim-0 sizes `sizes` (a fused projection they keep apart).
+    when the target lays it out otherwise. Several names: ours (through `to_hf` first, and
+    `from_hf` after) is their tensors concatenated along dim 0, in that order, of dim-0 sizes
+    `sizes` (a fused projection they keep apart).
     """
 
     names: tuple[str, ...]
@@ -73,6 +74,11 @@ class Target:
     def tensor_map(self, cfg: ModelConfig, name: str) -> TensorMap:
         """Where our tensor `name` (a key of our state dict) goes in this class's."""
         raise NotImplementedError
+
+    def absent(self, cfg: ModelConfig) -> set[str]:
+        """Names of ours (tensor_map's) this class does not have, read as zeros on import: a
+        bias it lacks (Qwen2's output projection), which is exact."""
+        return set()
 
     def zero_filled(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Tensors this class always has, with their shapes: written as zeros where our model
@@ -145,6 +151,38 @@ def position_limits(
     return problems
 
 
+# our layer type -> transformers' layer_types
+LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
+
+
+def hf_windows(cfg: ModelConfig) -> dict[str, Any]:
+    """The sliding-window fields of a class with per-layer layer_types (SmolLM3, Qwen2/3)."""
+    positions = layer_positions(cfg)
+    sliding = any(p.window is not None for p in positions)
+    return dict(
+        use_sliding_window=sliding,
+        sliding_window=cfg.sliding_window if sliding else None,
+        layer_types=[LAYER_TYPES[p.attention] for p in positions],
+    )
+
+
+def windows_from_hf(hf_cfg: Any) -> dict[str, Any]:
+    """Our sliding_window and layer_types of a config with layer_types: transformers' masks
+    follow layer_types (and the window) for every layer."""
+    n = hf_cfg.num_hidden_layers
+    types = list(getattr(hf_cfg, "layer_types", None) or ["full_attention"] * n)[:n]
+    unknown = sorted(set(types) - set(LAYER_TYPES.values()))
+    if unknown:
+        raise HFConversionError(
+            f"layer_types {unknown}: only full_attention and sliding_attention convert"
+        )
+    window = hf_cfg.sliding_window if "sliding_attention" in types else None
+    return dict(
+        sliding_window=window,
+        layer_types=None if window is None else [t.split("_")[0] for t in types],
+    )
+
+
 def neox_theta(cfg: ModelConfig) -> float:
     """The theta at which NeoX's spectrum over the rotary dims (theta^(-2j/r), what every
     native class computes) carries `cfg`'s frequencies: rope_theta, or for p-RoPE on r of
@@ -211,6 +249,15 @@ def hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
         return {"rope_type": "linear", "rope_theta": theta, "factor": s.factor}
     if s.type == "dynamic_ntk":  # its original length is max_position_embeddings (hf_config)
         return {"rope_type": "dynamic", "rope_theta": theta, "factor": s.factor}
+    if s.type == "llama3":
+        return {
+            "rope_type": "llama3",
+            "rope_theta": theta,
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": cfg.original_max_seq_len,
+        }
     out = {
         "rope_type": "yarn",
         "rope_theta": theta,
@@ -230,7 +277,7 @@ def rope_from_hf(hf_cfg: Any) -> tuple[float, RopeScalingConfig | None]:
     rope = dict(getattr(hf_cfg, "rope_parameters", None) or {})
     theta = float(rope.get("rope_theta", 10000.0))
     kind = rope.get("rope_type", "default")
-    if kind == "default":
+    if kind in ("default", "proportional"):  # proportional: p-RoPE (llama.rotary_fields)
         return theta, None
     if kind == "linear":
         return theta, RopeScalingConfig(type="linear", factor=float(rope["factor"]))
@@ -239,6 +286,14 @@ def rope_from_hf(hf_cfg: Any) -> tuple[float, RopeScalingConfig | None]:
             type="dynamic_ntk",
             factor=float(rope["factor"]),
             original_max_seq_len=hf_cfg.max_position_embeddings,
+        )
+    if kind == "llama3":
+        return theta, RopeScalingConfig(
+            type="llama3",
+            factor=float(rope["factor"]),
+            original_max_seq_len=int(rope["original_max_position_embeddings"]),
+            low_freq_factor=float(rope["low_freq_factor"]),
+            high_freq_factor=float(rope["high_freq_factor"]),
         )
     if kind == "yarn":
         if rope.get("mscale") or rope.get("mscale_all_dim"):
@@ -256,21 +311,24 @@ def rope_from_hf(hf_cfg: Any) -> tuple[float, RopeScalingConfig | None]:
             truncate=bool(rope.get("truncate", True)),
         )
     raise HFConversionError(
-        f"rope_type {kind!r} (RoPE scaling) is not supported; linear, dynamic and yarn "
-        f"convert exactly"
+        f"rope_type {kind!r} (RoPE scaling) is not supported; linear, dynamic, yarn and "
+        f"llama3 convert exactly"
     )
 
 
 __all__ = [
+    "LAYER_TYPES",
     "HFConversionError",
     "Target",
     "TensorMap",
     "block_name",
     "common_model_fields",
+    "hf_windows",
     "hf_rope_parameters",
     "native_limits",
     "neox_theta",
     "position_limits",
     "rope_from_hf",
     "rotary_factor",
+    "windows_from_hf",
 ]

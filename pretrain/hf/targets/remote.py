@@ -15,8 +15,7 @@ from typing import Any
 
 from pretrain.config import ModelConfig, RopeScalingConfig, from_dict, to_dict
 from pretrain.hf.targets import llama
-from pretrain.hf.targets.base import Target, TensorMap, common_model_fields
-from pretrain.hf.targets.smollm3 import LAYER_TYPES
+from pretrain.hf.targets.base import LAYER_TYPES, Target, TensorMap, common_model_fields
 
 REMOTE_CODE_DIR = Path(__file__).parents[1] / "remote_code"
 REMOTE_FILES = ("configuration_rope_lm.py", "modeling_rope_lm.py")

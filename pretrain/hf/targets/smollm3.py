@@ -20,14 +20,12 @@ from typing import Any
 from pretrain.config import ModelConfig
 from pretrain.hf.targets import llama
 from pretrain.hf.targets.base import (
-    HFConversionError,
     hf_rope_parameters,
+    hf_windows,
     position_limits,
+    windows_from_hf,
 )
 from pretrain.model.position import layer_positions
-
-# our layer type -> transformers'
-LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
 
 
 class SmolLM3(llama.Llama):
@@ -54,7 +52,6 @@ class SmolLM3(llama.Llama):
         from transformers import SmolLM3Config
 
         positions = layer_positions(cfg)
-        sliding = any(p.window is not None for p in positions)
         return SmolLM3Config(
             **common,
             # its default (128004) is an embedding row: none here, as Llama's
@@ -68,9 +65,7 @@ class SmolLM3(llama.Llama):
             rope_parameters=hf_rope_parameters(cfg),
             no_rope_layers=[int(p.rope) for p in positions],
             no_rope_layer_interval=cfg.nope_every or 4,  # read only when no_rope_layers is None
-            use_sliding_window=sliding,
-            sliding_window=cfg.sliding_window if sliding else None,
-            layer_types=[LAYER_TYPES[p.attention] for p in positions],
+            **hf_windows(cfg),
         )
 
     def model_config(self, hf_cfg: Any) -> ModelConfig:
@@ -79,21 +74,12 @@ class SmolLM3(llama.Llama):
         fields = self.layer_fields(hf_cfg)
         flags = list(hf_cfg.no_rope_layers)[:n]
         nope = [i for i, rope in enumerate(flags) if not rope]
-        # transformers' masks follow layer_types (and the window) for every layer
-        types = list(hf_cfg.layer_types or ["full_attention"] * n)[:n]
-        window = hf_cfg.sliding_window if "sliding_attention" in types else None
-        unknown = sorted(set(types) - set(LAYER_TYPES.values()))
-        if unknown:
-            raise HFConversionError(
-                f"layer_types {unknown}: only full_attention and sliding_attention convert"
-            )
         return ModelConfig(
             **fields,
             rotary_dims=0 if len(nope) == n else head_dim,
             nope_layers=nope if 0 < len(nope) < n else None,
-            sliding_window=window,
-            layer_types=None if window is None else [t.split("_")[0] for t in types],
+            **windows_from_hf(hf_cfg),
         )
 
 
-__all__ = ["LAYER_TYPES", "SmolLM3"]
+__all__ = ["SmolLM3"]
