@@ -272,12 +272,12 @@ def test_steps_read_their_values_on_the_host_once_per_log_interval(
     callbacks = [CountSteps(reads), *build_callbacks(cfg)]
     assert Trainer(cfg, callbacks=callbacks, save_checkpoints=False).fit() == 0
     # train_batches: the data stream opened at the first step (a CPU index, no device).
-    # rank_times: the straggler scalar's gather of each rank's own time (SpeedMonitor),
+    # rank_parts: the straggler scalars' gather of each rank's step parts (SpeedMonitor),
     # on logging steps only, like the values themselves.
     want = {
         "read": 3,
         "parameter_norm": 3,
-        "rank_times": 3,
+        "rank_parts": 3,
         "stop_requested": 12,
         "train_batches": 1,
     }

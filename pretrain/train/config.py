@@ -124,6 +124,10 @@ class TrainConfig(Section):
     """the hang watchdog: seconds without a completed step before every rank writes its stacks to `RUN/hang/` and the job exits 124 (requeued by slurm/launch.sh); 9x a Llama-8B paper step; 0 or null = off (docs/training.md, "Hangs and stragglers")"""
     hang_timeout_long: Float | None = None
     """the watchdog's allowance until the first step of a start completes and while a rank saves, loads or evaluates; null = 4 x hang_timeout; keep it below the collectives' 30-minute timeout"""
+    straggler_fraction: Float = Field(0.5, gt=0)
+    """a rank whose own time per step (reading its batches and its forward passes) is more than this fraction above the median rank's is slow (docs/training.md, "Hangs and stragglers")"""
+    straggler_steps: Int = Field(3, ge=0)
+    """logged steps in a row a rank must be slow before one line names it (rank, host, the slow part); 0 = never"""
 
     @field_validator("seed")
     @classmethod

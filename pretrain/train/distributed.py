@@ -142,6 +142,17 @@ def all_reduce_named(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return dict(zip(values, summed.unbind(), strict=True))
 
 
+def gather_hostnames(world_size: int) -> list[str]:
+    """Every rank's host name, on every rank (one all_gather_object at set-up, never per
+    step): the straggler line names the machine."""
+    name = socket.gethostname()
+    if world_size == 1 or not torch.distributed.is_initialized():
+        return [name]
+    names: list[str] = [""] * world_size
+    torch.distributed.all_gather_object(names, name)
+    return names
+
+
 def barrier() -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()

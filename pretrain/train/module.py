@@ -27,7 +27,6 @@ tests/test_train_module.py counts the host reads of a run.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -38,6 +37,7 @@ from pretrain.faults import DataFaults
 from pretrain.model.transformer import Transformer
 from pretrain.train.metrics import GRAD_NORM, LOSS, PendingStep, StepMetrics, StepRecord
 from pretrain.train.spikes import StepGuard, Unjudged
+from pretrain.train.step_parts import PartTimer
 
 
 class TrainModule:
@@ -55,10 +55,10 @@ class TrainModule:
         self.world_size = world_size
         self.guard = StepGuard(cfg.spikes, world_size)
         self.guard.install(engine)
-        # This rank's own time since SpeedMonitor last took it: reading its micro batches
-        # (the trainer adds it) and their forward passes, which no other rank can hold up
-        # (no collective in a forward under ZeRO 0-2). Host clock: on a GPU, a slow host shows.
-        self.own_seconds = 0.0
+        # Where this rank's step time goes (pretrain/train/step_parts.py), read by SpeedMonitor
+        # at logging steps: the trainer times reading the batches and its collective, the
+        # module the forward, backward and optimizer parts.
+        self.timer = PartTimer(next(self.model.parameters()).device)
         self.metrics = StepMetrics()
         self._stop_copy: tuple[torch.Tensor, Any] | None = None  # (host copy, CUDA event)
 
@@ -80,20 +80,21 @@ class TrainModule:
         `batch` gives the document inputs where the data switches are on (document ids,
         positions). A configured fault (spikes.faults) corrupts the batch or the loss on
         purpose, or stalls this rank."""
-        t0 = time.perf_counter()
-        self.faults.stall(data_step, micro)  # an injected hang or slow rank
-        documents = model_inputs_of(batch or {}, x.device)
-        x, y = self.faults.batch(x, y, data_step, micro)
-        loss, z_term = self.engine(x, targets=y, z_loss=self.cfg.train.z_loss, **documents)
-        self.own_seconds += time.perf_counter() - t0
+        with self.timer.part("forward"):
+            self.faults.stall(data_step, micro)  # an injected hang or slow rank
+            documents = model_inputs_of(batch or {}, x.device)
+            x, y = self.faults.batch(x, y, data_step, micro)
+            loss, z_term = self.engine(x, targets=y, z_loss=self.cfg.train.z_loss, **documents)
         loss, objective = self.faults.loss(loss, data_step)
-        self.engine.backward(objective)
+        with self.timer.part("backward"):
+            self.engine.backward(objective)
         z_term = z_term.double()
         return loss.detach().double() - z_term, z_term
 
     def micro_step(self) -> None:
         """DeepSpeed counts micro steps; off the accumulation boundary it updates nothing."""
-        self.engine.step()
+        with self.timer.part("optimizer"):
+            self.engine.step()
 
     def optimizer_step(
         self, record: StepRecord, data_step: int, sums: dict[str, torch.Tensor]
@@ -104,7 +105,8 @@ class TrainModule:
         recorded with the step's gradient norm in `metrics`."""
         loss = sums["loss"] / self.world_size
         self.guard.begin(record.step, data_step, loss)
-        self.engine.step()
+        with self.timer.part("optimizer"):
+            self.engine.step()
         judged = self.guard.finish()
         # Named as the sinks write them; a metric more is a line more here. The loss and
         # DeepSpeed's norm (a device tensor; a float or None stays with the verdict) are

@@ -21,7 +21,6 @@ and may save or ask to stop (`stop_signal`: a checkpoint, then EXIT_PREEMPTED).
 from __future__ import annotations
 
 import contextlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -166,16 +165,17 @@ class Trainer:
         # One collective per step, before the update (the guard judges the step on it): the
         # global mean loss, "did any rank get a signal", the sum of the step's token ids (a
         # fingerprint that shows a resume read the same data) and the z-loss term.
-        sums = dist_utils.all_reduce_named(
-            {
-                "loss": loss_sum / run.grad_accum,
-                "stop": torch.tensor(
-                    float(self.stop_signal is not None), dtype=torch.float64, device=run.device
-                ),
-                "batch_token_sum": token_sum,
-                "z_loss": z_sum / run.grad_accum,
-            }
-        )
+        with module.timer.part("collective"):
+            sums = dist_utils.all_reduce_named(
+                {
+                    "loss": loss_sum / run.grad_accum,
+                    "stop": torch.tensor(
+                        float(self.stop_signal is not None), dtype=torch.float64, device=run.device
+                    ),
+                    "batch_token_sum": token_sum,
+                    "z_loss": z_sum / run.grad_accum,
+                }
+            )
         stopping = module.stop_requested(sums["stop"])
         record = StepRecord(
             step=self.step,
@@ -356,16 +356,14 @@ class Trainer:
             self.run.data.tokenizer.save(folder / "tokenizer")
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
-        t0 = time.perf_counter()
         try:
-            return next(self._batches)
+            with self.run.module.timer.part("data", host=True):  # this rank's own time
+                return next(self._batches)
         except StopIteration:
             raise RuntimeError(
                 f"the training data ran out at step {self.step + 1}; the dataset holds fewer "
                 f"than train_iters x global batch samples"
             ) from None
-        finally:  # this rank's own time (TrainModule.own_seconds: the straggler scalar)
-            self.run.module.own_seconds += time.perf_counter() - t0
 
     def _is_log_step(self, stopping: bool) -> bool:
         last = self.step == self.cfg.train.train_iters
