@@ -324,6 +324,7 @@ SCALED = {
     "llama-linear": ("llama", {"type": "linear", "factor": 2.0}, "llama"),
     "llama-ntk": ("llama", {"type": "ntk", "factor": 2.0}, "llama"),
     "llama-dynamic_ntk": ("llama", {"type": "dynamic_ntk", "factor": 2.0}, "llama"),
+    "llama-llama3": ("llama", {"type": "llama3", "factor": 8.0, "high_freq_factor": 2.0}, "llama"),
     "neox25-yarn": ("neox", {"type": "yarn", "factor": 2.0, "beta_fast": 16.0}, "gpt_neox"),
     "neox25-dynamic_ntk": ("neox", {"type": "dynamic_ntk", "factor": 4.0}, "gpt_neox"),
     "nope_every_2-yarn": ("smollm3", {"type": "yarn", "factor": 4.0}, "smollm3"),
