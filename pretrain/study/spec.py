@@ -379,6 +379,8 @@ class _Loader:
                     )
                 set_key(compact, key, copy.deepcopy(value))
                 source[key] = f"axis {a} ({lab})"
+        if seed is not None and not shared:  # a rule may read the run's own seed
+            set_key(compact, self.seed_key, seed)
         self._apply_rules(compact, source, where)
         overrides: tuple[str, ...] = ()
         if shared:  # the file is the group's: its run folder without the seed, its own seed
