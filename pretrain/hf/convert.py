@@ -222,17 +222,15 @@ def _effective_rope(cfg: ModelConfig) -> tuple[str, dict[str, Any] | None]:
 # ----------------------------------------------------------------------------- weights
 
 
-def our_tensor_names(cfg: ModelConfig) -> list[str]:
-    """The names of our model's state dict for `cfg` (lm_head left out when tied)."""
-
-    with torch.device("meta"):
-        names = list(Transformer(cfg).state_dict())
-    return [n for n in names if not (cfg.tie_embeddings and n == "lm_head.weight")]
-
-
 def _shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
+    """Our model's state dict for `cfg`: names and shapes (built on meta, no memory)."""
     with torch.device("meta"):
         return {k: v.shape for k, v in Transformer(cfg).state_dict().items()}
+
+
+def our_tensor_names(cfg: ModelConfig) -> list[str]:
+    """The names of our model's state dict for `cfg` (lm_head left out when tied)."""
+    return [n for n in _shapes(cfg) if not (cfg.tie_embeddings and n == "lm_head.weight")]
 
 
 def to_hf_state_dict(
@@ -279,10 +277,12 @@ def from_hf_state_dict(
     used: set[str] = set()
     ours: dict[str, torch.Tensor] = {}
     absent = t.absent(cfg)
+    shapes = _shapes(cfg) if absent else {}
+    dtype = next(iter(hf_state.values())).dtype
     for name in our_tensor_names(cfg):
         m = t.tensor_map(cfg, name)
         if m.names[0] in absent:
-            ours[name] = torch.zeros(_shapes(cfg)[name], dtype=hf_state[next(iter(hf_state))].dtype)
+            ours[name] = torch.zeros(shapes[name], dtype=dtype)
         elif len(m.names) > 1:
             fused = torch.cat([take(n) for n in m.names])
             ours[name] = m.from_hf(fused) if m.from_hf else fused

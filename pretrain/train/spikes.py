@@ -211,8 +211,8 @@ class StepGuard:
     its own overflow check, bf16 ZeRO 0/1 and fp32 ZeRO 1/2, one that costs nothing more).
     Otherwise (the default) nothing waits: `finish` returns the step's values as they are on
     the device (`Unjudged`), and `judge` turns them into the verdict once they are read
-    (StepMetrics.read in pretrain/train/metrics.py, once per log interval), in step order: the same detector inputs in
-    the same order, so the same verdicts. Deciding a skip on the device instead (a 0/1
+    (StepMetrics.read, once per log interval) and handed to it (TrainModule.settle), in step
+    order: the same detector inputs in the same order, so the same verdicts. Deciding a skip on the device instead (a 0/1
     tensor gating the update, as GradScaler's found_inf gates torch's fused AdamW) would save
     no wait while DeepSpeed reads its own overflow flag on the host in the same step.
     """

@@ -181,14 +181,22 @@ class Llama(Target):
 
         return LlamaConfig(
             **common,
+            **self.layer_config(cfg),
+            attention_bias=cfg.attn_bias,
+            mlp_bias=cfg.mlp_bias,
+            head_dim=cfg.head_dim,
+            rope_parameters=rope_parameters(cfg),
+        )
+
+    @staticmethod
+    def layer_config(cfg: ModelConfig) -> dict[str, Any]:
+        """The config fields of Llama's layers that its kin spell the same way (layer_fields'
+        inverse, biases and positions aside)."""
+        return dict(
             num_key_value_heads=cfg.kv_heads,
             hidden_act="silu",
             rms_norm_eps=cfg.norm_eps,
-            attention_bias=cfg.attn_bias,
-            mlp_bias=cfg.mlp_bias,
             attention_dropout=cfg.dropout,
-            head_dim=cfg.head_dim,
-            rope_parameters=rope_parameters(cfg),
         )
 
     def model_config(self, hf_cfg: Any) -> ModelConfig:

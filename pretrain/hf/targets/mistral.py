@@ -41,11 +41,8 @@ class Mistral(llama.Llama):
 
         return MistralConfig(
             **common,
-            num_key_value_heads=cfg.kv_heads,
+            **self.layer_config(cfg),
             head_dim=cfg.head_dim,
-            hidden_act="silu",
-            rms_norm_eps=cfg.norm_eps,
-            attention_dropout=cfg.dropout,
             rope_parameters=llama.rope_parameters(cfg),
             sliding_window=cfg.sliding_window,  # its default is 4096: none must be said
         )

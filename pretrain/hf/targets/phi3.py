@@ -62,12 +62,9 @@ class Phi3(llama.Llama):
 
         return Phi3Config(
             **common,
-            num_key_value_heads=cfg.kv_heads,
-            hidden_act="silu",
-            rms_norm_eps=cfg.norm_eps,
+            **self.layer_config(cfg),
             resid_pdrop=0.0,
             embd_pdrop=0.0,
-            attention_dropout=cfg.dropout,
             original_max_position_embeddings=cfg.max_seq_len,
             rope_parameters={
                 "rope_type": "default",

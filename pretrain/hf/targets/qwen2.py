@@ -39,10 +39,7 @@ class Qwen2(llama.Llama):
 
         return Qwen2Config(
             **common,
-            num_key_value_heads=cfg.kv_heads,
-            hidden_act="silu",
-            rms_norm_eps=cfg.norm_eps,
-            attention_dropout=cfg.dropout,
+            **self.layer_config(cfg),
             rope_parameters=llama.rope_parameters(cfg),
             max_window_layers=0,  # layer_types decides (hf_windows)
             **hf_windows(cfg),

@@ -44,12 +44,9 @@ class Qwen3(llama.Llama):
 
         return Qwen3Config(
             **common,
-            num_key_value_heads=cfg.kv_heads,
+            **self.layer_config(cfg),
             head_dim=cfg.head_dim,
-            hidden_act="silu",
-            rms_norm_eps=cfg.norm_eps,
             attention_bias=cfg.attn_bias,
-            attention_dropout=cfg.dropout,
             rope_parameters=llama.rope_parameters(cfg),
             max_window_layers=0,  # layer_types decides (hf_windows)
             **hf_windows(cfg),

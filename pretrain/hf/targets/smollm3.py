@@ -54,14 +54,11 @@ class SmolLM3(llama.Llama):
         positions = layer_positions(cfg)
         return SmolLM3Config(
             **common,
+            **self.layer_config(cfg),
             # its default (128004) is an embedding row: none here, as Llama's
             pad_token_id=None,
-            num_key_value_heads=cfg.kv_heads,
-            hidden_act="silu",
-            rms_norm_eps=cfg.norm_eps,
             attention_bias=cfg.attn_bias,
             mlp_bias=cfg.mlp_bias,
-            attention_dropout=cfg.dropout,
             rope_parameters=hf_rope_parameters(cfg),
             no_rope_layers=[int(p.rope) for p in positions],
             no_rope_layer_interval=cfg.nope_every or 4,  # read only when no_rope_layers is None
