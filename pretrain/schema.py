@@ -96,7 +96,10 @@ class Section(BaseModel):
 
     def replace(self: _Self, **changes: Any) -> _Self:
         """A copy with `changes`, validated as a new section (pydantic's model_copy is not)."""
-        return type(self)(**{**self.model_dump(by_alias=False), **changes})
+        cls = type(self)
+        # By YAML key (`head_dim`, `async`), whether a change names the key or the field.
+        keyed = {yaml_key(cls, k) if k in cls.model_fields else k: v for k, v in changes.items()}
+        return cls(**{**self.model_dump(by_alias=True), **keyed})
 
 
 S = TypeVar("S", bound=BaseModel)

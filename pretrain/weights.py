@@ -209,10 +209,11 @@ def init_from_source(spec: str, target: ModelConfig) -> tuple[Path, ModelConfig]
     except WeightsError as e:
         raise WeightsError(f"checkpoint.init_from={spec!r}: {e}") from None
     source = from_dict(ModelConfig, read_config(folder).get("model"), "model")
+    # head_dim_ read as head_dim: null and d_model / n_heads written out are one shape
     changed = [
-        f"model.{name} {getattr(source, name)!r} -> {getattr(target, name)!r}"
-        for name in ModelConfig.model_fields
-        if name not in INIT_FROM_FREE and getattr(source, name) != getattr(target, name)
+        f"model.{key} {getattr(source, key)!r} -> {getattr(target, key)!r}"
+        for key in (name.rstrip("_") for name in ModelConfig.model_fields)
+        if key not in INIT_FROM_FREE and getattr(source, key) != getattr(target, key)
     ]
     if source.learned_pos_emb and source.max_seq_len != target.max_seq_len:
         changed.append(

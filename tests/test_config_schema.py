@@ -38,6 +38,7 @@ ADDED_SINCE_RECORD = {
     "rope_scaling.high_freq_factor": 4.0,
     "train.straggler_fraction": 0.5,
     "train.straggler_steps": 3,
+    "model.head_dim": None,
 }
 
 

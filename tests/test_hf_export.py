@@ -407,6 +407,11 @@ POSITION_VARIANTS = {
         "qwen3",
     ),
     "p_rope_25_neox": ("neox", dict(rope_fraction=0.25, rope_spectrum="p_rope"), "gpt_neox"),
+    # model.head_dim apart from d_model / n_heads (Qwen3-0.6B: 16 x 128 on 1024)
+    "wide_heads_qknorm": ("llama", dict(qk_norm=True, head_dim=32), "qwen3"),
+    "wide_heads_partial_25": ("llama", dict(rope_fraction=0.25, head_dim=32), "phi3"),
+    "narrow_heads_nope_every_2": ("llama", dict(nope_every=2, head_dim=8), "smollm3"),
+    "wide_heads_neox": ("neox", dict(head_dim=24), REMOTE),
     "alibi": ("llama", dict(rope_fraction=0.0, alibi=True), REMOTE),
     "alibi_nope_every_2": ("llama", dict(alibi=True, nope_every=2), REMOTE),
     "alibi_partial_sliding": (

@@ -425,13 +425,16 @@ def test_pythia1b_matches_the_published_size():
     assert model.cfg.rope_dims == 64
 
 
-def test_flops_per_token_formula():
-    cfg = tiny(n_kv_heads=2, mlp="swiglu")
+@pytest.mark.parametrize("head_dim", [None, 24])  # 24: heads wider than d_model / n_heads
+def test_flops_per_token_formula(head_dim):
+    cfg = tiny(n_kv_heads=2, mlp="swiglu", head_dim=head_dim)
     model = Transformer(cfg)
     d, L, hd, T = cfg.d_model, cfg.n_layers, cfg.head_dim, 32
-    V = cfg.padded_vocab_size
-    linear = L * (d * (cfg.n_heads + 2 * cfg.kv_heads) * hd + d * d + 3 * d * cfg.d_ff) + d * V
-    assert model.flops_per_token(T) == 6 * linear + 12 * L * cfg.n_heads * hd * T
+    V, H = cfg.padded_vocab_size, cfg.n_heads
+    assert hd == (head_dim or d // H)
+    attention = d * (H + 2 * cfg.kv_heads) * hd + H * hd * d  # qkv, output projection
+    linear = L * (attention + 3 * d * cfg.d_ff) + d * V
+    assert model.flops_per_token(T) == 6 * linear + 12 * L * H * hd * T
 
 
 # ----------------------------------------------------------------------------- weights

@@ -120,7 +120,8 @@ def test_docs_list_every_model_field_with_its_default():
         cells = [c.strip() for c in line.split("|")]
         if len(cells) > 3 and cells[1].startswith("`") and cells[1].endswith("`"):
             rows[cells[1].strip("`")] = cells[2]
-    for name, f in ModelConfig.model_fields.items():
+    for field, f in ModelConfig.model_fields.items():
+        name = f.alias or field
         assert name in rows, f"docs/model.md does not describe model.{name}"
         want = f.default
         got = _doc_value(rows[name])

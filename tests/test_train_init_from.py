@@ -76,6 +76,11 @@ def test_a_different_shape_is_one_line_naming_the_fields(tmp_path_factory, tmp_p
     msg = str(e.value)
     assert "model.n_layers 2 -> 3" in msg and "model.d_model 32 -> 64" in msg
     assert "\n" not in msg
+    # head_dim written out at d_model / n_heads is the same shape; another is refused by name
+    init_from_source(str(source), base.replace(head_dim=base.head_dim))
+    with pytest.raises(WeightsError) as e:
+        init_from_source(str(source), base.replace(head_dim=2 * base.head_dim))
+    assert f"model.head_dim {base.head_dim} -> {2 * base.head_dim}" in str(e.value)
     # positions, theta and scaling may change
     longer = base.replace(max_seq_len=128, rope_theta=5e5)
     folder, cfg = init_from_source(f"{source}@6", longer)

@@ -54,11 +54,10 @@ def positions_stage(ctx: Context) -> dict[str, Any]:
         torch.manual_seed(0)
         with torch.device(ctx.device):
             models[name] = Transformer(cfg).to(dtype).train()
-        head_dim = cfg.d_model // cfg.n_heads
         kernels[name] = str(
             choose_kernel(
                 ctx.device,
-                head_dim=head_dim,
+                head_dim=cfg.head_dim,
                 documents=False,
                 dropout=0.0,
                 soft_cap=0.0,

@@ -112,9 +112,11 @@ class ModelConfig(Section):
     d_model: Int = 2048
     """hidden size"""
     n_heads: Int = 32
-    """query heads; head_dim = d_model / n_heads"""
+    """query heads"""
     n_kv_heads: Int | None = None
     """null = n_heads (MHA); fewer = grouped-query attention"""
+    head_dim_: Int | None = Field(None, alias="head_dim")
+    """dims per head; null = d_model / n_heads. Set to decouple it (Qwen3: 16 heads x 128 on d_model 1024): q, k, v are n_heads (n_kv_heads) x head_dim wide and the output projection maps n_heads x head_dim back to d_model"""
     d_ff: Int = 8192
     """MLP hidden size (per branch for SwiGLU)"""
     max_seq_len: Int = 2048
@@ -179,7 +181,12 @@ class ModelConfig(Section):
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_heads if self.head_dim_ is None else self.head_dim_
+
+    @property
+    def head_dim_decoupled(self) -> bool:
+        """Whether n_heads x head_dim differs from d_model (a class deriving head_dim cannot hold it)."""
+        return self.n_heads * self.head_dim != self.d_model
 
     @property
     def padded_vocab_size(self) -> int:
@@ -231,11 +238,18 @@ class ModelConfig(Section):
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"):
             value = getattr(self, name)
             need(value > 0, f"model.{name}={value} must be a positive integer")
-        need(
-            self.d_model % self.n_heads == 0,
-            f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
-            f"choose n_heads among the divisors of d_model",
-        )
+        if self.head_dim_ is None:
+            need(
+                self.d_model % self.n_heads == 0,
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads};"
+                f" choose n_heads among the divisors of d_model, or set model.head_dim",
+            )
+        else:
+            need(
+                self.head_dim_ > 0,
+                f"model.head_dim={self.head_dim_} must be a positive integer (null: d_model / "
+                f"n_heads)",
+            )
         need(
             self.kv_heads > 0 and self.n_heads % self.kv_heads == 0,
             f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={self.n_kv_heads}; "

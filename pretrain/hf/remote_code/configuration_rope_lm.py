@@ -66,18 +66,19 @@ class RopeLMConfig(PretrainedConfig):
         use_cache: bool = True,
         **kwargs,
     ):
-        if hidden_size % num_attention_heads:
+        if head_dim is None and hidden_size % num_attention_heads:
             raise ValueError(
-                f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}"
+                f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}; set head_dim"
             )
         num_key_value_heads = num_key_value_heads or num_attention_heads
         if num_attention_heads % num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads {num_attention_heads} is not divisible by num_key_value_heads {num_key_value_heads}"
             )
-        if head_dim not in (None, hidden_size // num_attention_heads):
-            raise ValueError(f"head_dim {head_dim} must be hidden_size / num_attention_heads")
-        head_dim = hidden_size // num_attention_heads
+        # head_dim apart from hidden_size / heads (Qwen3's): q, k, v are heads x head_dim wide.
+        head_dim = hidden_size // num_attention_heads if head_dim is None else head_dim
+        if head_dim <= 0:
+            raise ValueError(f"head_dim {head_dim} must be positive")
         rotary_dims = head_dim if rotary_dims is None else rotary_dims
         if not (0 <= rotary_dims <= head_dim and rotary_dims % 2 == 0):
             raise ValueError(

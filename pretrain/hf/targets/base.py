@@ -216,6 +216,7 @@ def common_model_fields(
         n_layers=hf_cfg.num_hidden_layers,
         d_model=hf_cfg.hidden_size,
         n_heads=hf_cfg.num_attention_heads,
+        head_dim=decoupled_head_dim(hf_cfg),
         d_ff=hf_cfg.intermediate_size,
         max_seq_len=hf_cfg.max_position_embeddings,
         rope_theta=theta,
@@ -224,6 +225,14 @@ def common_model_fields(
         tie_embeddings=bool(hf_cfg.tie_word_embeddings),
         init_std=hf_cfg.initializer_range,
     )
+
+
+def decoupled_head_dim(hf_cfg: Any) -> int | None:
+    """The config's head_dim where it is not hidden_size / heads (Qwen3's), else None (our
+    model.head_dim's null), so that a folder of the usual shape resolves as it always did."""
+    head_dim = getattr(hf_cfg, "head_dim", None)
+    heads = hf_cfg.num_attention_heads
+    return None if head_dim is None or head_dim * heads == hf_cfg.hidden_size else int(head_dim)
 
 
 def rotary_factor(rotary_dims: int, head_dim: int) -> float:
@@ -323,6 +332,7 @@ __all__ = [
     "TensorMap",
     "block_name",
     "common_model_fields",
+    "decoupled_head_dim",
     "hf_windows",
     "hf_rope_parameters",
     "native_limits",

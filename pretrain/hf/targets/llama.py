@@ -184,7 +184,6 @@ class Llama(Target):
             **self.layer_config(cfg),
             attention_bias=cfg.attn_bias,
             mlp_bias=cfg.mlp_bias,
-            head_dim=cfg.head_dim,
             rope_parameters=rope_parameters(cfg),
         )
 
@@ -194,6 +193,8 @@ class Llama(Target):
         inverse, biases and positions aside)."""
         return dict(
             num_key_value_heads=cfg.kv_heads,
+            # Every Llama-kin attention reads head_dim before hidden / heads (Qwen3's shape).
+            head_dim=cfg.head_dim,
             hidden_act="silu",
             rms_norm_eps=cfg.norm_eps,
             attention_dropout=cfg.dropout,
@@ -204,13 +205,8 @@ class Llama(Target):
 
     @staticmethod
     def head_dim(hf_cfg: Any) -> int:
-        head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads
-        if getattr(hf_cfg, "head_dim", None) not in (None, head_dim):
-            raise HFConversionError(
-                f"head_dim {hf_cfg.head_dim} != hidden_size / heads ({head_dim}); "
-                f"our model has no separate head_dim"
-            )
-        return head_dim
+        """The class's own rule (transformers' attention: head_dim, else hidden / heads)."""
+        return getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
 
     @staticmethod
     def layer_fields(hf_cfg: Any) -> dict[str, Any]:

@@ -42,7 +42,6 @@ class Mistral(llama.Llama):
         return MistralConfig(
             **common,
             **self.layer_config(cfg),
-            head_dim=cfg.head_dim,
             rope_parameters=llama.rope_parameters(cfg),
             sliding_window=cfg.sliding_window,  # its default is 4096: none must be said
         )

@@ -77,6 +77,11 @@ class GPTNeoX(Target):
             problems.append(
                 f"{cls} has no grouped-query attention (model.n_kv_heads: {cfg.n_kv_heads})"
             )
+        if cfg.head_dim_decoupled:
+            problems.append(
+                f"{cls}'s heads are hidden_size / heads wide (model.head_dim: {cfg.head_dim} "
+                f"x {cfg.n_heads} heads != d_model {cfg.d_model})"
+            )
         if cfg.rope_dims == 0:
             problems.append(
                 f"{cls} always rotates some dims; NoPE (rotary_dims 0) is not representable"
@@ -119,9 +124,9 @@ class GPTNeoX(Target):
                 hf_cfg.hidden_dropout,
             )
         factor = (getattr(hf_cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
-        head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads
+        head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads  # its attention's rule
         return ModelConfig(
-            **common_model_fields(hf_cfg, theta, scaling),
+            **{**common_model_fields(hf_cfg, theta, scaling), "head_dim": None},
             n_kv_heads=None,
             block="parallel" if hf_cfg.use_parallel_residual else "sequential",
             norm="layernorm",

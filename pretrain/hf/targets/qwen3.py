@@ -45,7 +45,6 @@ class Qwen3(llama.Llama):
         return Qwen3Config(
             **common,
             **self.layer_config(cfg),
-            head_dim=cfg.head_dim,
             attention_bias=cfg.attn_bias,
             rope_parameters=llama.rope_parameters(cfg),
             max_window_layers=0,  # layer_types decides (hf_windows)

@@ -49,6 +49,7 @@ class RopeLM(Target):
         return RopeLMConfig(
             **common,
             num_key_value_heads=cfg.kv_heads,
+            head_dim=cfg.head_dim,
             block=cfg.block,
             norm=cfg.norm,
             norm_eps=cfg.norm_eps,
