@@ -90,8 +90,16 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "pretrain.train.distributed",
         "pretrain.train.fp8",
     ),
-    # What benchmarks/ and gpucheck/ both run: the peers' race, RoPE variants, a measured run.
-    "pretrain.measure": (*BASE, *SECTIONS, "pretrain.model", "pretrain.hf"),
+    # What benchmarks/ and gpucheck/ both run: the peers' race, RoPE variants, a measured run;
+    # and what DeepSpeed's engine sends (deepspeed_comms: the engine as training builds it).
+    "pretrain.measure": (
+        *BASE,
+        *SECTIONS,
+        "pretrain.model",
+        "pretrain.hf",
+        "pretrain.train.engine",
+        "pretrain.train.deepspeed_adapter",
+    ),
     "pretrain.analysis": (*BASE, *SECTIONS, "pretrain.model"),
     "pretrain.study": (*BASE, *SECTIONS, "pretrain.eval", "pretrain.planner"),
     "pretrain.benchmarks": (

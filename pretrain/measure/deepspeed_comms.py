@@ -1,0 +1,124 @@
+"""What DeepSpeed's engine sends in training steps, as its own communication logger records it.
+
+`measure(configs, world_size, steps)` starts `world_size` CPU ranks (gloo), and in each builds
+every config's engine as training does (`pretrain.train.engine.build_engine`: the model, our
+AdamW groups, the DeepSpeed config the toolkit generates), runs `steps` optimizer steps of
+random tokens (`train.global_batch_size / (micro x world)` micro steps each, the engine's own
+forward, backward and step) and returns what DeepSpeed's `comms_logger` recorded from the first
+micro step on: per collective and message size, the calls and their seconds. The planner's
+inventory of a step (pretrain/planner/comms.py) is checked against it exactly
+(tests/test_plan_comms.py), and its time model against the seconds
+(`tools/plan.py --check-comms`).
+
+The trainer's own collective (the step's loss sums, torch.distributed directly) is not
+DeepSpeed's and is not logged; the planner adds it apart.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.config import Config, from_dict, to_dict
+
+# DeepSpeed's logger, enabled for every op (prof_all) and quiet (no table printed at the end).
+COMMS_LOGGER = {"comms_logger": {"enabled": True, "prof_all": True, "verbose": False}}
+
+# op -> message bytes -> {"calls": n, "latencies": [seconds of each call]}
+Logged = dict[str, dict[int, dict[str, Any]]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _logged(raw: dict[str, Any]) -> Logged:
+    """comms_logger.get_raw_data() (op -> size -> [count, latencies ms, algbw, busbw]) as
+    op -> bytes -> calls and each call's seconds (on CPU ranks a call's time includes waiting
+    for the slowest rank to arrive)."""
+    return {
+        op: {
+            int(size): {"calls": int(v[0]), "latencies": [float(ms) / 1e3 for ms in v[1]]}
+            for size, v in sizes.items()
+        }
+        for op, sizes in raw.items()
+    }
+
+
+def run_steps(cfg: Config, world_size: int, steps: int) -> Logged:
+    """In a rank of an initialised process group: `steps` optimizer steps of `cfg`'s engine,
+    what DeepSpeed logged from the first micro step on."""
+    import deepspeed.comm as dc
+
+    from pretrain.config import grad_accum_steps
+    from pretrain.train.engine import build_engine
+
+    data = to_dict(cfg)
+    data["train"]["deepspeed"] = {**cfg.train.deepspeed, **COMMS_LOGGER}
+    cfg = from_dict(Config, data)
+    engine = build_engine(cfg, world_size, torch.device("cpu"), recompute=0)
+    t, m = cfg.train, cfg.model
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, m.vocab_size, (t.micro_batch_size, cfg.seq_len + 1), generator=g)
+    dc.comms_logger.comms_dict.clear()  # the engine's set-up apart from its steps
+    for _ in range(steps * grad_accum_steps(cfg, world_size)):
+        loss, _ = engine(x[:, :-1], targets=x[:, 1:])
+        engine.backward(loss)
+        engine.step()
+    logged = _logged(dc.comms_logger.get_raw_data())
+    dc.comms_logger.comms_dict.clear()
+    engine.destroy()
+    return logged
+
+
+def _worker(rank: int, world_size: int, port: int, configs: dict, steps: int, out: str) -> None:
+    import json
+
+    from pretrain.train.deepspeed_adapter import init_distributed, quiet_logs
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    torch.set_num_threads(1)
+    quiet_logs()
+    init_distributed("cpu")
+    results = {}
+    for name, data in configs.items():
+        logged = run_steps(from_dict(Config, data), world_size, steps)
+        results[name] = {op: {str(b): v for b, v in s.items()} for op, s in logged.items()}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    torch.distributed.destroy_process_group()
+
+
+def measure(configs: dict[str, Config], world_size: int, steps: int = 2) -> dict[str, list[Logged]]:
+    """Every config's `steps` steps on `world_size` CPU ranks: per config, each rank's log."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out:
+        data = {name: to_dict(cfg) for name, cfg in configs.items()}
+        mp.spawn(_worker, (world_size, _free_port(), data, steps, out), nprocs=world_size)
+        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
+    return {
+        name: [
+            {op: {int(b): v for b, v in s.items()} for op, s in rank[name].items()}
+            for rank in ranks
+        ]
+        for name in configs
+    }
+
+
+__all__ = ["COMMS_LOGGER", "Logged", "measure", "run_steps"]

@@ -1,0 +1,342 @@
+"""The collectives of one training step, as DeepSpeed 0.19's engine issues them, and their time.
+
+`step_collectives(cfg, n)` lists what DeepSpeed sends in one optimizer step on n data-parallel
+ranks for the toolkit's engine settings: kind, bytes per call as DeepSpeed's communication
+logger records them, calls per step and when in the step they run. Derived from DeepSpeed's
+source (file:line of 0.19.8 below) and checked exactly against its logger on 2 and 4 CPU ranks
+(tests/test_plan_comms.py). The engine path follows from the config:
+
+- fp32 or bf16 with bf16 accumulation, ZeRO 0 (engine.py:3795-3926): after the last backward
+  of a step, the gradients in `module.parameters()` order, cast to the fp32 communication
+  dtype, all-reduced in buckets flushed once they pass 5e8 elements (MEMORY_OPT_ALLREDUCE_SIZE,
+  engine.py:151; no config key); fp32 adds the clipping norm (4 B, runtime/utils.py:418).
+- bf16 with fp32 accumulation, ZeRO 1: `BF16_Optimizer` (the paper's 1B runs;
+  bf16_optimizer.py): its fp32 gradient buffers, one per AdamW group padded to a multiple of
+  2n elements, all-reduced after the last backward in buckets flushed past 5e8 elements; the
+  norm is local (no scalar collective); then each group's updated bf16 partition all-gathered.
+- ZeRO 1 and 2 otherwise (`DeepSpeedZeroOptimizer`, zero/stage_1_and_2.py): gradients in
+  buckets of `reduce_bucket_size` elements (5e8), a bucket flushed before it would pass it
+  (1422); a larger parameter goes alone, cut at the ranks' partition boundaries (1443, 1545);
+  the buckets fill in AdamW-group order at the step's end under ZeRO 1 without overlap_comm,
+  in the order the backward makes gradients (hooks) otherwise; ZeRO 2 reduces every micro
+  step. `reduce_scatter: true` still all-reduces the bucket (1695). Then a norm per group (4 B,
+  2693), an overflow flag under bf16 (1 B, 3237), and each group's partition all-gathered
+  (runtime/utils.py:1008: the logger records the rank's input shard, not the gathered tensor).
+  `allgather_bucket_size` is not read where torch has all_gather_into_tensor (utils.py:1021).
+
+Not DeepSpeed's, so not in its logger: the trainer's one all-reduce of the step's loss sums
+(`TRAINER_SUMS`), and a checkpoint save's tag check and barriers.
+
+Time: each collective's from `Fabric.time` (pretrain/planner/network.py). What the backward
+hides: with `overlap_comm` (ZeRO 1/2), buckets reduce on a side stream while the backward goes
+on, so all but the last bucket of a backward hide behind it, up to the backward's own time;
+without it (DeepSpeed's default at ZeRO 1/2, and always at ZeRO 0 and under BF16_Optimizer)
+the reduction runs in line and nothing hides. The parameter all-gather and the scalars follow
+the optimizer step: exposed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pretrain.config import Config
+from pretrain.planner.network import Fabric
+
+DS_FALLBACK_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE: ZeRO 0's and BF16_Optimizer's
+DEFAULT_REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size's default
+COMM_BYTES = 4  # every setting the toolkit makes communicates fp32 (communication_data_type)
+TRAINER_SUMS = 3 * 8  # the trainer's own all-reduce per step: loss, tokens, z-loss in fp64
+
+# When a collective runs: in the backward (per micro step or at its last), after the last
+# backward, or with the optimizer step.
+BACKWARD, AFTER_BACKWARD, STEP = "backward", "after backward", "step"
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str  # DeepSpeed's name, as its logger records it
+    size: int  # bytes per call as logged (all_gather_into_tensor: the rank's input shard)
+    calls: int  # per optimizer step
+    phase: str
+    what: str
+    hideable: bool = False  # issued on a side stream during the backward (overlap_comm)
+    backwards: int = 1  # the backwards its calls spread over (ZeRO 2: every micro step's)
+
+    def buffer(self, n: int) -> int:
+        """The whole buffer a call moves (what the ring's time counts)."""
+        return self.size * n if self.op.startswith("all_gather") else self.size
+
+
+@dataclass(frozen=True)
+class EngineComms:
+    """The DeepSpeed settings that decide a step's communication."""
+
+    path: str  # "fallback" (ZeRO 0), "bf16_optimizer", "zero" (ZeRO 1/2)
+    stage: int
+    param_bytes: int  # the model's dtype: what the parameter all-gather moves
+    reduce_bucket: int
+    overlap_comm: bool
+    contiguous_gradients: bool
+    clip_norm: bool  # ZeRO 0, fp32: the clipping norm is all-reduced
+    overflow_flag: bool  # bf16 at ZeRO 1/2: an overflow flag all-reduced every step
+    grad_accum: int
+
+
+@dataclass(frozen=True)
+class Params:
+    """The model's parameters as DeepSpeed sees them: numels per AdamW group (DeepSpeed's
+    flat buffers, in group order) and the order the backward makes their gradients."""
+
+    groups: tuple[tuple[int, ...], ...]
+    hook_order: tuple[tuple[int, int], ...]  # (group, index in group)
+    module_order: tuple[tuple[int, int], ...]  # module.parameters() order
+
+    @property
+    def total(self) -> int:
+        return sum(sum(g) for g in self.groups)
+
+
+def engine_comms(cfg: Config, world_size: int) -> EngineComms:
+    """The engine path and its settings, read from the DeepSpeed config the toolkit
+    generates for a CUDA run (train/engine.py), the user's train.deepspeed merged in."""
+    import torch
+
+    from pretrain.config import grad_accum_steps
+    from pretrain.train.engine import deepspeed_config
+
+    ds = deepspeed_config(cfg, world_size, torch.device("cuda"))
+    zero = ds.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    bf16 = bool(ds.get("bf16", {}).get("enabled", False))
+    accum = ds.get("data_types", {}).get("grad_accum_dtype", "fp32")
+    if stage == 0:
+        path = "fallback"
+    elif bf16 and accum == "fp32" and stage == 1:
+        path = "bf16_optimizer"
+    else:
+        path = "zero"
+    return EngineComms(
+        path=path,
+        stage=stage,
+        param_bytes=2 if bf16 else 4,
+        reduce_bucket=int(zero.get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET)),
+        overlap_comm=bool(zero.get("overlap_comm", False)),
+        contiguous_gradients=bool(zero.get("contiguous_gradients", True)),
+        clip_norm=path == "fallback" and not bf16 and float(ds.get("gradient_clipping", 0)) > 0,
+        overflow_flag=path == "zero"
+        and bf16
+        and ds.get("bf16", {}).get("check_grad_overflow", True),
+        grad_accum=grad_accum_steps(cfg, world_size),
+    )
+
+
+def model_params(cfg: Config) -> Params:
+    """The parameters of `cfg`'s model and their gradients' order, on fake tensors."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pretrain.model.transformer import Transformer
+    from pretrain.train.engine import param_groups
+
+    # A backward on fake tensors (shapes only, no memory) gives the order in which autograd
+    # accumulates the gradients, the order DeepSpeed's hooks reduce them in (eager).
+    order: list[int] = []
+    with FakeTensorMode():
+        model = Transformer(cfg.model)
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda t: order.append(id(t)))
+        x = torch.zeros(1, min(8, cfg.model.max_seq_len) + 1, dtype=torch.long)
+        loss, _ = model(x[:, :-1], targets=x[:, 1:])
+        loss.backward()
+    groups = param_groups(model, cfg)
+    where = {id(p): (g, i) for g, group in enumerate(groups) for i, p in enumerate(group["params"])}
+    return Params(
+        groups=tuple(tuple(p.numel() for p in g["params"]) for g in groups),
+        hook_order=tuple(where[i] for i in order),
+        module_order=tuple(where[id(p)] for p in model.parameters()),
+    )
+
+
+def padded(numel: int, n: int) -> int:
+    """A group's flat buffer: padded to a multiple of 2n elements (NCCL start alignment 2,
+    stage_1_and_2.py:387 and bf16_optimizer.py:167)."""
+    return math.ceil(numel / (2 * n)) * 2 * n
+
+
+def _flush_past(sizes: list[int], limit: int) -> list[int]:
+    """Buckets flushed once their elements pass `limit` (engine.py allreduce_no_retain)."""
+    out, acc = [], 0
+    for s in sizes:
+        acc += s
+        if acc > limit:
+            out.append(acc)
+            acc = 0
+    return out + ([acc] if acc else [])
+
+
+def _zero_buckets(e: EngineComms, params: Params, n: int) -> list[int]:
+    """DeepSpeedZeroOptimizer's gradient buckets (elements) of one reduction pass."""
+    offsets, partition = {}, {}
+    for g, group in enumerate(params.groups):
+        partition[g] = padded(sum(group), n) // n
+        at = 0
+        for i, numel in enumerate(group):
+            offsets[(g, i)] = at
+            at += numel
+    order = (
+        params.hook_order
+        if e.overlap_comm or e.stage == 2
+        else [(g, i) for g, group in enumerate(params.groups) for i in range(len(group))]
+    )
+    out, acc = [], 0
+    for g, i in order:
+        numel = params.groups[g][i]
+        if acc + numel > e.reduce_bucket and acc:
+            out.append(acc)
+            acc = 0
+        if numel > e.reduce_bucket and e.contiguous_gradients:
+            # alone, its slices at the partition boundaries packed past the bucket size
+            start, end, p = offsets[(g, i)], offsets[(g, i)] + numel, partition[g]
+            cuts = sorted({start, end, *range((start // p + 1) * p, end, p)})
+            out += _flush_past(
+                [b - a for a, b in zip(cuts, cuts[1:], strict=False)], e.reduce_bucket
+            )
+        else:
+            acc += numel
+    return out + ([acc] if acc else [])
+
+
+def engine_collectives(e: EngineComms, params: Params, n: int) -> list[Collective]:
+    """What DeepSpeed's engine sends in one optimizer step on n ranks."""
+    out: list[Collective] = []
+
+    def add(op: str, elements_or_bytes: list[int], calls: int, phase: str, what: str, **kw) -> None:
+        counted: dict[int, int] = {}
+        for size in elements_or_bytes:
+            counted[size] = counted.get(size, 0) + calls
+        out.extend(Collective(op, s, c, phase, what, **kw) for s, c in counted.items())
+
+    groups = [sum(g) for g in params.groups]
+    if e.path == "fallback":
+        sizes = [params.groups[g][i] for g, i in params.module_order]
+        buckets = _flush_past(sizes, DS_FALLBACK_BUCKET)
+        add("all_reduce", [COMM_BYTES * b for b in buckets], 1, AFTER_BACKWARD, "gradients")
+        if e.clip_norm:
+            add("all_reduce", [4], 1, STEP, "clipping norm")
+    elif e.path == "bf16_optimizer":
+        buckets = _flush_past([padded(s, n) for s in groups], DS_FALLBACK_BUCKET)
+        add("all_reduce", [COMM_BYTES * b for b in buckets], 1, AFTER_BACKWARD, "fp32 gradients")
+    else:
+        buckets = _zero_buckets(e, params, n)
+        per_step = e.grad_accum if e.stage == 2 else 1
+        phase = BACKWARD if e.overlap_comm or e.stage == 2 else AFTER_BACKWARD
+        # With overlap_comm all but a backward's last bucket reduce behind it.
+        *early, last = [COMM_BYTES * b for b in buckets]
+        add(
+            "all_reduce",
+            early,
+            per_step,
+            phase,
+            "gradient buckets",
+            hideable=e.overlap_comm,
+            backwards=per_step,
+        )
+        add("all_reduce", [last], per_step, phase, "last gradient bucket")
+        add("all_reduce", [4] * len(groups), 1, STEP, "norm per group")
+        if e.overflow_flag:
+            add("all_reduce", [1], 1, STEP, "overflow flag")
+    if e.path != "fallback" and n > 1:
+        shards = [e.param_bytes * padded(s, n) // n for s in groups]
+        add("all_gather_into_tensor", shards, 1, STEP, "updated parameters")
+    return out
+
+
+def step_collectives(cfg: Config, world_size: int) -> list[Collective]:
+    """DeepSpeed's collectives of one optimizer step of `cfg` on `world_size` ranks."""
+    return engine_collectives(engine_comms(cfg, world_size), model_params(cfg), world_size)
+
+
+# ----------------------------------------------------------------------------- time
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One optimizer step's seconds on each rank."""
+
+    compute: float  # forward and backward at the plan's MFU
+    optimizer: float  # the AdamW update of the rank's partition (HBM-bound)
+    communication: float  # every collective's time, hidden or not
+    exposed: float  # communication the step waits for
+    by_op: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.optimizer + self.exposed
+
+    @property
+    def efficiency(self) -> float:
+        """The share of the step that is the model's compute (1.0: perfect scaling)."""
+        return self.compute / self.total if self.total else 1.0
+
+
+ADAM_BYTES = 4 * 2 + 4 + 4 * 2 * 2 + 2  # fp32 master r/w, fp32 grad, m and v r/w, bf16 copy
+
+
+def step_time(
+    collectives: list[Collective],
+    fabric: Fabric,
+    n: int,
+    compute: float,
+    grad_accum: int,
+    optimizer: float = 0.0,
+    backward_share: float = 2 / 3,
+) -> StepTime:
+    """Seconds of a step: `compute` (all micro steps' forward and backward), the collectives'
+    time on `fabric`, what the backward hides of it (overlap_comm: all but a backward's last
+    bucket, up to the backward's own time) and `optimizer`."""
+    by_op: dict[str, float] = {}
+    total = exposed = 0.0
+    backward = backward_share * compute / grad_accum  # one micro step's
+    for c in collectives:
+        t = fabric.time(c.op, c.buffer(n), n) * c.calls
+        by_op[c.op] = by_op.get(c.op, 0.0) + t
+        total += t
+        exposed += t
+    hideable = [c for c in collectives if c.hideable]
+    if hideable:
+        backwards = hideable[0].backwards
+        behind = sum(fabric.time(c.op, c.buffer(n), n) * c.calls for c in hideable) / backwards
+        exposed -= min(behind, backward) * backwards
+    return StepTime(compute, optimizer, total, exposed, by_op)
+
+
+def trainer_sums(fabric: Fabric, n: int) -> float:
+    """The trainer's own all-reduce of the step's sums (latency only)."""
+    return fabric.time("all_reduce", TRAINER_SUMS, n)
+
+
+def summary(collectives: list[Collective], n: int) -> list[dict[str, Any]]:
+    return [
+        {"op": c.op, "bytes": c.size, "calls": c.calls, "phase": c.phase, "what": c.what}
+        for c in collectives
+    ]
+
+
+__all__ = [
+    "AFTER_BACKWARD",
+    "BACKWARD",
+    "STEP",
+    "Collective",
+    "EngineComms",
+    "Params",
+    "StepTime",
+    "engine_collectives",
+    "engine_comms",
+    "model_params",
+    "padded",
+    "step_collectives",
+    "step_time",
+    "trainer_sums",
+]
