@@ -113,6 +113,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "pretrain.hf",
         "pretrain.analysis",
         "pretrain.measure",
+        "pretrain.planner",
     ),
     "pretrain.gpucheck": (
         *BASE,

@@ -57,6 +57,9 @@ def test_cpu_smoke_fills_every_stage_and_row(smoke):
     assert all(r["predicted_gib"] > 0 and r["allocated_gib"] is None for r in t["memory"])
     assert {r["recompute"] for r in t["memory"]} == {0, 1}  # none and full (1 of 1 layers)
     assert {r["compile"] for r in t["speed"]} == {False, True}
+    # The plan's scaling from each measured MFU (eager, compiled): 2 models x 2 x 3 counts.
+    assert len(t["scaling"]) == 2 * 2 * 3 and {r["gpus"] for r in t["scaling"]} == {32, 256, 1024}
+    assert all(0 < r["efficiency"] <= 1 and r["mfu_model"] > 0 for r in t["scaling"])
     # The profiler saw the engine's three calls of the profiled step.
     assert all(r["forward_ms"] > 0 and r["backward_ms"] > 0 for r in t["split"])
     assert all(r["optimizer_ms"] > 0 for r in t["split"])

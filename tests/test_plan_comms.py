@@ -21,6 +21,7 @@ from pretrain.planner.comms import (
     step_collectives,
     step_time,
 )
+from pretrain.planner.gpus import GPUS
 from pretrain.planner.network import GB, HOPPER_IB, fabric
 
 STEPS = 2
@@ -179,3 +180,70 @@ def test_overlap_hides_all_but_the_last_bucket_up_to_the_backward():
     assert (
         plain.exposed == plain.communication == pytest.approx(2 * f.time("all_reduce", 10**9, 64))
     )
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def test_the_plan_shows_the_steps_collectives_and_its_split(tmp_path, capsys):
+    import json
+
+    from pretrain.cli import plan as plan_cli
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(
+        "model: {vocab_size: 512, n_layers: 2, d_model: 64, n_heads: 4, d_ff: 128, max_seq_len: 128}\n"
+        "train: {train_iters: 100, global_batch_size: 64, micro_batch_size: 4}\n"
+    )
+    assert plan_cli.main([str(cfg), "--gpus", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "communication per step on 16 GPUs" in out and "all_gather_into_tensor" in out
+    assert "exposed communication" in out and "efficiency" in out
+    assert plan_cli.main([str(cfg), "--gpus", "16", "--json"]) == 0
+    comm = json.loads(capsys.readouterr().out)["communication"]
+    planned = step_collectives(load_config(str(cfg)), 16)
+    assert len(comm["collectives"]) == len(planned)
+    assert comm["step_s"] == pytest.approx(
+        comm["compute_s"] + comm["exposed_s"] + comm["optimizer_s"]
+    )
+    # a slower network: more exposed time, lower efficiency
+    assert plan_cli.main([str(cfg), "--gpus", "16", "--json", "--nic-gbs", "5"]) == 0
+    slow = json.loads(capsys.readouterr().out)["communication"]
+    assert slow["exposed_s"] > comm["exposed_s"] and slow["efficiency"] < comm["efficiency"]
+    assert plan_cli.main([str(cfg), "--gpus", "16", "--nic-gbs", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--nic-gbs 0.0 must be > 0" in err
+
+
+def test_scaling_names_where_efficiency_falls_and_overlap_moves_it(tmp_path, capsys):
+    from pretrain.cli import plan as plan_cli
+    from pretrain.planner.scaling import first_below, scaling
+
+    cfg = load_config("configs/paper/llama8b_rope10.yaml")
+    points = scaling(cfg, GPUS["h200"], HOPPER_IB, 0.45)
+    assert [p.gpus for p in points] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    efficiency = [p.time.efficiency for p in points]
+    assert efficiency == sorted(efficiency, reverse=True)  # more GPUs, a smaller share computes
+    assert all(p.micro_batch * p.grad_accum * p.gpus == cfg.train.global_batch_size for p in points)
+    below = first_below(points)
+    assert below is not None and points[[p.gpus for p in points].index(below)].time.efficiency < 0.9
+    overlap = load_config(
+        "configs/paper/llama8b_rope10.yaml", ["train.deepspeed.zero_optimization.overlap_comm=true"]
+    )
+    hidden = scaling(overlap, GPUS["h200"], HOPPER_IB, 0.45)
+    assert all(h.time.exposed < p.time.exposed for h, p in zip(hidden, points, strict=True))
+    plot = tmp_path / "s.png"
+    args = ["configs/paper/llama1b_rope10.yaml", "--scaling", "--plot", str(plot)]
+    assert plan_cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| 1024 " in out and "efficiency falls under 90% at" in out
+    assert plot.stat().st_size > 10_000
+
+
+def test_a_global_batch_smaller_than_the_gpus_stops_the_table():
+    from pretrain.planner.scaling import at_scale
+
+    cfg = config(2, accum=4)  # 16 sequences a step
+    assert at_scale(cfg, 16).train.micro_batch_size == 1
+    assert at_scale(cfg, 4).train.micro_batch_size == 2
+    assert at_scale(cfg, 32) is None and at_scale(cfg, 3) is None

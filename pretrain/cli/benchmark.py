@@ -1,4 +1,4 @@
-"""Benchmarks: `python tools/benchmark.py AREA [options]`; AREA is model, peers, data, train, optim, reads, eval or checkpoint.
+"""Benchmarks: `python tools/benchmark.py AREA [options]`; AREA is model, peers, data, train, optim, reads, eval, checkpoint or comms.
 
 Each area lives in pretrain/benchmarks/AREA.py with `add_arguments(parser)` and `run(args)`.
 Speed is measured here, never in tests: ratios on CPU, absolute figures on a GPU.
@@ -18,6 +18,7 @@ AREAS = {
     "reads": "cold-cache samples/s and page-cache growth per sample per data.read_mode (large sparse data)",
     "eval": "lm-eval adapter requests/s (loglikelihood and rolling)",
     "checkpoint": "training stall of a checkpoint save, synchronous vs checkpoint.async",
+    "comms": "the planner's communication time model vs DeepSpeed's logged collectives on CPU ranks (gloo's alpha and bandwidth fitted here)",
 }
 
 

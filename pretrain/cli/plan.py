@@ -3,6 +3,8 @@
     python tools/plan.py configs/paper/llama1b_rope10.yaml --gpu h200 --gpus 32
     python tools/plan.py CONFIG --gpu h100 --checkpointing auto     # least recompute that fits
     python tools/plan.py --validate                                  # predicted vs CPU allocator
+    python tools/plan.py CONFIG --scaling --plot scaling.png         # 8 to 1,024 GPUs
+    python tools/plan.py --paper-scaling                             # every paper run's scaling
 
 How it works: pretrain/planner/ (docs/performance.md).
 """
@@ -17,7 +19,8 @@ from pathlib import Path
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import ConfigError, add_set_option, load_config
 from pretrain.model.recompute import describe_recompute, recompute_layers
-from pretrain.planner.gpus import DEFAULT_MFU, GiB, parse_gpu
+from pretrain.planner.gpus import DEFAULT_MFU, GPU, GiB, parse_gpu
+from pretrain.planner.network import HOPPER_IB, Fabric, fabric
 from pretrain.planner.paper import PAPER_PLAN, paper_plan, paper_table
 from pretrain.planner.search import Plan, choose, largest_micro_batch, plan_run
 from pretrain.planner.validation import VALIDATION_TOLERANCE, cpu_kernel_path, validate
@@ -117,14 +120,92 @@ def _main(argv: list[str] | None = None) -> int:
         help=f"with --paper: write the plans to {PAPER_PLAN.name} (the study's plan_file: each "
         "job's --time)",
     )
+    net = ap.add_argument_group(
+        "communication",
+        "the network the step's collectives cross (defaults: H100/H200 nodes of 8 GPUs on "
+        "NVLink 4, 400 Gb/s InfiniBand per GPU across; docs/performance.md cites each figure)",
+    )
+    net.add_argument("--gpus-per-node", type=int, help="GPUs on one node's NVLink (8)")
+    net.add_argument(
+        "--nvlink-gbs", type=float, help="GB/s a ring reaches over NVLink, per GPU (370)"
+    )
+    net.add_argument(
+        "--nic-gbs", type=float, help="GB/s a ring reaches over one GPU's NIC across nodes (47)"
+    )
+    net.add_argument(
+        "--scaling",
+        action="store_true",
+        help="the step on 8 to 1,024 GPUs: compute, exposed communication, efficiency",
+    )
+    net.add_argument(
+        "--paper-scaling",
+        action="store_true",
+        help="--scaling for every run of studies/partial_rope.yaml (docs/performance.md's table)",
+    )
+    net.add_argument("--plot", type=Path, help="with --scaling/--paper-scaling: a PNG here")
     args = ap.parse_args(argv)
     if args.validate:
         return _main_validate()
     if args.paper:
         return _main_paper(args)
+    if args.paper_scaling:
+        return _main_paper_scaling(args)
     if not args.config:
         ap.error("give a CONFIG (or --validate)")
+    if args.scaling:
+        return _main_scaling(args)
     return _main_plan(args)
+
+
+def _fabric(args) -> Fabric:
+    return fabric(args.gpus_per_node, args.nvlink_gbs, args.nic_gbs, HOPPER_IB)
+
+
+def _check_mfu(args) -> None:
+    if not 0 < args.mfu <= 1:
+        raise ConfigError(f"--mfu {args.mfu} must be in (0, 1], e.g. 0.4")
+
+
+def _main_scaling(args) -> int:
+    from pretrain.planner.scaling import first_below, scaling
+    from pretrain.planner.scaling_report import scaling_plot, scaling_table
+
+    _check_mfu(args)
+    cfg = load_config(args.config, list(args.overrides))
+    gpu, net = parse_gpu(args.gpu, args.peak_tflops), _fabric(args)
+    points = scaling(cfg, gpu, net, args.mfu)
+    name = Path(args.config).stem
+    print(f"{name} on {gpu.name} at {100 * args.mfu:.0f}% MFU; {net.name}")
+    print(scaling_table({name: points}, detail=True))
+    below = first_below(points)
+    print(
+        f"efficiency falls under 90% at {below} GPUs"
+        if below
+        else "efficiency stays at or above 90% up to the largest count"
+    )
+    if args.plot:
+        scaling_plot({name: points}, args.plot, f"{name}: {gpu.name}, {net.name}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _main_paper_scaling(args) -> int:
+    from pretrain.planner.scaling import paper_scaling
+    from pretrain.planner.scaling_report import scaling_plot, scaling_table
+
+    _check_mfu(args)
+    repo = Path(__file__).resolve().parents[2]
+    runs = load_study(repo / "studies" / "partial_rope.yaml").runs
+    gpu, net = parse_gpu(args.gpu, args.peak_tflops), _fabric(args)
+    results = paper_scaling([repo / run.config_path for run in runs], gpu, net, args.mfu)
+    print(f"the paper's runs on {gpu.name} at {100 * args.mfu:.0f}% MFU; {net.name}")
+    print(scaling_table(results))
+    if args.plot:
+        scaling_plot(
+            results, args.plot, f"the paper's runs: {gpu.name} at {100 * args.mfu:.0f}% MFU"
+        )
+        print(f"wrote {args.plot}")
+    return 0
 
 
 def _main_plan(args) -> int:
@@ -138,8 +219,7 @@ def _main_plan(args) -> int:
     cfg = load_config(args.config, overrides)
     if args.gpus <= 0:
         raise ConfigError(f"--gpus {args.gpus} must be a positive integer")
-    if not 0 < args.mfu <= 1:
-        raise ConfigError(f"--mfu {args.mfu} must be in (0, 1], e.g. 0.4")
+    _check_mfu(args)
     gpu = parse_gpu(args.gpu, args.peak_tflops)
     reserve = None if args.reserve_gib is None else int(args.reserve_gib * GiB)
     name = Path(args.config).stem
@@ -166,11 +246,62 @@ def _main_plan(args) -> int:
     else:
         plan = plan_run(cfg, gpu, args.gpus, reserve=reserve, name=name)
     largest = largest_micro_batch(cfg, gpu, args.gpus, plan.layers, reserve=reserve)
+    comms = _comms_point(cfg, plan, gpu, _fabric(args), args.mfu)
     if args.json:
-        print(json.dumps({**plan.summary(args.mfu), "largest_micro_batch": largest}, indent=2))
+        extra = {"largest_micro_batch": largest}
+        if comms is not None:
+            extra["communication"] = comms_summary(comms)
+        print(json.dumps({**plan.summary(args.mfu), **extra}, indent=2))
     else:
         print(format_plan(plan, args.mfu, largest))
+        if comms is not None:
+            print(format_comms(comms, _fabric(args), args.mfu))
     return 0 if plan.fits else 1
+
+
+def _comms_point(cfg, plan: Plan, gpu: GPU, net: Fabric, mfu: float):
+    from pretrain.planner.scaling import point
+
+    if plan.world_size < 2:
+        return None
+    t = cfg.train.model_copy(update={"micro_batch_size": plan.micro_batch})
+    return point(cfg.model_copy(update={"train": t}), gpu, plan.world_size, net, mfu)
+
+
+def comms_summary(p) -> dict:
+    from pretrain.planner.comms import summary
+
+    t = p.time
+    return {
+        "collectives": summary(list(p.collectives), p.gpus),
+        "communication_s": t.communication,
+        "exposed_s": t.exposed,
+        "compute_s": t.compute,
+        "optimizer_s": t.optimizer,
+        "step_s": t.total,
+        "efficiency": t.efficiency,
+        "run_hours": p.run_hours,
+    }
+
+
+def format_comms(p, net: Fabric, mfu: float) -> str:
+    t = p.time
+    lines = [f"  communication per step on {p.gpus} GPUs ({net.name}):"]
+    for c in p.collectives:
+        seconds = net.time(c.op, c.buffer(p.gpus), p.gpus) * c.calls
+        lines.append(
+            f"    {c.op:<23} {c.size:>15,} B x {c.calls:<3} {c.phase:<15} {c.what:<22} "
+            f"{1e3 * seconds:9.2f} ms"
+        )
+    hidden = t.communication - t.exposed
+    lines += [
+        f"    {'= all collectives':<23} {1e3 * t.communication:.2f} ms (with the trainer's loss "
+        f"sums), {1e3 * hidden:.2f} ms hidden behind the backward (overlap_comm)",
+        f"  step: compute {t.compute:.3f} s at {100 * mfu:.0f}% MFU + exposed communication "
+        f"{t.exposed:.3f} s + optimizer {t.optimizer:.4f} s = {t.total:.3f} s: efficiency "
+        f"{100 * t.efficiency:.1f}%, run {_h(p.run_hours * 3600)}",
+    ]
+    return "\n".join(lines)
 
 
 def _main_paper(args) -> int:

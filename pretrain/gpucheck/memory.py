@@ -163,6 +163,31 @@ def memory_stage(ctx: Context, name: str) -> dict[str, Any]:
     return {"tables": tables, "checks": checks, "notes": notes}
 
 
+SCALING_COUNTS = (32, 256, 1024)
+
+
+def scaling_rows(ctx: Context, name: str, label: str, mfu: float) -> list[dict[str, Any]]:
+    """The paper config's step on N GPUs (pretrain/planner/scaling.py) with its compute part
+    at the MFU this GPU just measured: the plan's scaling resting on a measured step."""
+    from pretrain.planner.network import HOPPER_IB
+    from pretrain.planner.scaling import scaling
+
+    points = scaling(paper_config(ctx, name), ctx.gpu, HOPPER_IB, mfu, SCALING_COUNTS)
+    return [
+        {
+            "run": label,
+            "gpus": p.gpus,
+            "mfu_model": mfu,
+            "compute_s": p.time.compute,
+            "exposed_comm_ms": 1e3 * p.time.exposed,
+            "step_s": p.time.total,
+            "efficiency": p.time.efficiency,
+            "run_hours": p.run_hours,
+        }
+        for p in points
+    ]
+
+
 def compile_stage(ctx: Context, name: str) -> dict[str, Any]:
     """train.compile off, on (the whole model) and on (each block: compile_regions='blocks')
     at the planner's no-recompute micro batch, back to back: step time, the first step's time
@@ -192,6 +217,10 @@ def compile_stage(ctx: Context, name: str) -> dict[str, Any]:
         checks += more if compiled else [c for c in more if "step time" in c["name"]]
         steps[compiled, regions] = measured["step_time_s"]
         first[compiled, regions] = measured["first_step_s"]
+        if regions == "model":
+            tokens = plan.micro_batch * plan.grad_accum * plan.seq_len  # the measured step's
+            mfu = plan.model_flops * tokens / measured["step_time_s"] / ctx.gpu.peak_flops
+            _merge(tables, {"scaling": scaling_rows(ctx, name, label, mfu)})
     eager = steps[False, "model"]
     checks.append(at_most(f"{name}: compiled / eager step time", steps[True, "model"] / eager, 1.0))
     checks.append(

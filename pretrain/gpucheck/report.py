@@ -19,6 +19,10 @@ TABLE_TITLES = {
     "tests": "GPU-marked tests",
     "memory": "Memory: planned peak vs torch.cuda.max_memory_allocated / max_memory_reserved",
     "speed": "Speed: step time, tokens/s, MFU (model and executed FLOPs)",
+    "scaling": (
+        "The plan's step on N GPUs from this GPU's measured MFU: compute, exposed "
+        "communication (H100/H200 nodes, 400 Gb/s InfiniBand), efficiency"
+    ),
     "split": "Step split from torch.profiler (ms; communication is inside the phases)",
     "peers": (
         "Peers: training step at both paper shapes, same weights, eager and compiled, paired "
@@ -31,7 +35,7 @@ TABLE_TITLES = {
     "positions": "Position encodings: forward + backward vs causal attention, paired rounds",
     "fp8": "FP8 training (torchao): compiled forward + backward vs bf16, paired rounds",
 }
-PERCENT = ("error_", "mfu_", "_rel_error")
+PERCENT = ("error_", "mfu_", "_rel_error", "efficiency")
 
 
 def cell(field: str, v: Any) -> str:

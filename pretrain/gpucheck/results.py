@@ -53,6 +53,16 @@ TABLES: dict[str, tuple[str, ...]] = {
         "mfu_executed",
         "planned_step_time_s",
     ),
+    "scaling": (
+        "run",
+        "gpus",
+        "mfu_model",
+        "compute_s",
+        "exposed_comm_ms",
+        "step_s",
+        "efficiency",
+        "run_hours",
+    ),
     "split": (
         "run",
         "step_ms",

@@ -254,7 +254,7 @@ def all_stages() -> list[tuple[Stage, StageFn]]:
         out[f"compile-{short}"] = (
             Stage(
                 f"compile-{short}",
-                ("memory", "speed", "split"),
+                ("memory", "speed", "split", "scaling"),
                 BUDGETS[f"compile-{short}"],
                 f"{name}: train.compile off, on, and on by blocks, paired",
             ),

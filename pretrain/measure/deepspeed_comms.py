@@ -33,7 +33,7 @@ COMMS_LOGGER = {"comms_logger": {"enabled": True, "prof_all": True, "verbose": F
 Logged = dict[str, dict[int, dict[str, Any]]]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -41,15 +41,26 @@ def _free_port() -> int:
 
 def _logged(raw: dict[str, Any]) -> Logged:
     """comms_logger.get_raw_data() (op -> size -> [count, latencies ms, algbw, busbw]) as
-    op -> bytes -> calls and each call's seconds (on CPU ranks a call's time includes waiting
-    for the slowest rank to arrive)."""
-    return {
-        op: {
-            int(size): {"calls": int(v[0]), "latencies": [float(ms) / 1e3 for ms in v[1]]}
+    op -> bytes -> calls and each call's seconds.
+
+    DeepSpeed 0.19's logger records, for each call, its op's timer's *running total*
+    (`timers(log_name).elapsed(reset=False)` sums every call of that op so far, all sizes
+    together: deepspeed/comm/comm.py timed_op). Sorted, the totals of an op give each call's
+    own time as the difference to the one before. On CPU ranks a call's time includes waiting
+    for the other ranks to arrive."""
+    out: Logged = {}
+    for op, sizes in raw.items():
+        totals = sorted((float(ms) / 1e3, int(size)) for size, v in sizes.items() for ms in v[1])
+        own: dict[int, list[float]] = {int(size): [] for size in sizes}
+        before = 0.0
+        for total, size in totals:
+            own[size].append(total - before)
+            before = total
+        out[op] = {
+            int(size): {"calls": int(v[0]), "latencies": own[int(size)]}
             for size, v in sizes.items()
         }
-        for op, sizes in raw.items()
-    }
+    return out
 
 
 def run_steps(cfg: Config, world_size: int, steps: int) -> Logged:
@@ -68,6 +79,8 @@ def run_steps(cfg: Config, world_size: int, steps: int) -> Logged:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, m.vocab_size, (t.micro_batch_size, cfg.seq_len + 1), generator=g)
     dc.comms_logger.comms_dict.clear()  # the engine's set-up apart from its steps
+    for timer in dc.comm.timers.get_timers().values():  # its running totals too (_logged)
+        timer.reset()
     for _ in range(steps * grad_accum_steps(cfg, world_size)):
         loss, _ = engine(x[:, :-1], targets=x[:, 1:])
         engine.backward(loss)
@@ -110,7 +123,7 @@ def measure(configs: dict[str, Config], world_size: int, steps: int = 2) -> dict
 
     with tempfile.TemporaryDirectory() as out:
         data = {name: to_dict(cfg) for name, cfg in configs.items()}
-        mp.spawn(_worker, (world_size, _free_port(), data, steps, out), nprocs=world_size)
+        mp.spawn(_worker, (world_size, free_port(), data, steps, out), nprocs=world_size)
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
     return {
         name: [
@@ -121,4 +134,4 @@ def measure(configs: dict[str, Config], world_size: int, steps: int = 2) -> dict
     }
 
 
-__all__ = ["COMMS_LOGGER", "Logged", "measure", "run_steps"]
+__all__ = ["COMMS_LOGGER", "Logged", "free_port", "measure", "run_steps"]

@@ -22,6 +22,7 @@ class GPU:
     name: str
     memory: int  # bytes the device has (what torch.cuda.get_device_properties reports)
     peak_flops: float  # dense BF16 FLOP/s
+    memory_bandwidth: float = 3.35e12  # HBM bytes/s (the optimizer step is bound by it)
 
     @property
     def gib(self) -> float:
@@ -29,8 +30,9 @@ class GPU:
 
 
 GPUS = {
-    "h100": GPU("H100 SXM 80GB", 81559 * 2**20, 989e12),
-    "h200": GPU("H200 141GB", 143771 * 2**20, 989e12),
+    # NVIDIA's datasheets: H100 SXM 3.35 TB/s of HBM3, H200 4.8 TB/s of HBM3e.
+    "h100": GPU("H100 SXM 80GB", 81559 * 2**20, 989e12, 3.35e12),
+    "h200": GPU("H200 141GB", 143771 * 2**20, 989e12, 4.8e12),
 }
 
 
