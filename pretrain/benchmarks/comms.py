@@ -21,13 +21,17 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from pretrain.config import Config, from_dict
+from pretrain.measure.deepspeed_comms import free_port, measure
 from pretrain.planner.comms import step_collectives
 from pretrain.planner.network import Fabric
 from pretrain.tables import text_table
@@ -45,8 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _fit_worker(rank: int, n: int, port: int, repeats: int, out: str) -> None:
-    import torch.distributed as dist
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=n)
@@ -74,12 +76,6 @@ def _fit_worker(rank: int, n: int, port: int, repeats: int, out: str) -> None:
 
 def fit_gloo(n: int, repeats: int) -> tuple[Fabric, dict[str, dict[int, float]]]:
     """gloo's alpha and bandwidth on this machine for n ranks, and the timings they fit."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    from pretrain.measure.deepspeed_comms import free_port
-
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d, "fit.json"))
         mp.spawn(_fit_worker, (n, free_port(), repeats, out), nprocs=n)
@@ -144,7 +140,7 @@ def settings(args: argparse.Namespace) -> dict[str, Config]:
     return out
 
 
-def compare(
+def predicted_vs_logged(
     configs: dict[str, Config], logged: dict[str, Any], fabric: Fabric, n: int, steps: int
 ) -> list[dict[str, Any]]:
     """Per setting and collective: calls, bytes, the median logged call and the prediction."""
@@ -176,8 +172,6 @@ def compare(
 
 
 def run(args: argparse.Namespace) -> None:
-    from pretrain.measure.deepspeed_comms import measure
-
     n = args.ranks
     fabric, times = fit_gloo(n, args.repeats)
     print(
@@ -198,7 +192,7 @@ def run(args: argparse.Namespace) -> None:
     print(text_table(["op", "bytes", "measured us", "model us", "model/measured"], fit_rows))
     configs = settings(args)
     logged = measure(configs, n, steps=args.steps)
-    rows = compare(configs, logged, fabric, n, args.steps)
+    rows = predicted_vs_logged(configs, logged, fabric, n, args.steps)
     print(
         text_table(
             ["setting", "op", "bytes", "calls", "median us", "model us", "model/measured"],

@@ -19,9 +19,12 @@ from pathlib import Path
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import ConfigError, add_set_option, load_config
 from pretrain.model.recompute import describe_recompute, recompute_layers
+from pretrain.planner.comms import collective_rows
 from pretrain.planner.gpus import DEFAULT_MFU, GPU, GiB, parse_gpu
 from pretrain.planner.network import HOPPER_IB, Fabric, fabric
 from pretrain.planner.paper import PAPER_PLAN, paper_plan, paper_table
+from pretrain.planner.scaling import first_below, paper_scaling, point, scaling
+from pretrain.planner.scaling_report import scaling_plot, scaling_table
 from pretrain.planner.search import Plan, choose, largest_micro_batch, plan_run
 from pretrain.planner.validation import VALIDATION_TOLERANCE, cpu_kernel_path, validate
 from pretrain.study.spec import load_study
@@ -167,9 +170,6 @@ def _check_mfu(args) -> None:
 
 
 def _main_scaling(args) -> int:
-    from pretrain.planner.scaling import first_below, scaling
-    from pretrain.planner.scaling_report import scaling_plot, scaling_table
-
     _check_mfu(args)
     cfg = load_config(args.config, list(args.overrides))
     gpu, net = parse_gpu(args.gpu, args.peak_tflops), _fabric(args)
@@ -190,9 +190,6 @@ def _main_scaling(args) -> int:
 
 
 def _main_paper_scaling(args) -> int:
-    from pretrain.planner.scaling import paper_scaling
-    from pretrain.planner.scaling_report import scaling_plot, scaling_table
-
     _check_mfu(args)
     repo = Path(__file__).resolve().parents[2]
     runs = load_study(repo / "studies" / "partial_rope.yaml").runs
@@ -260,8 +257,6 @@ def _main_plan(args) -> int:
 
 
 def _comms_point(cfg, plan: Plan, gpu: GPU, net: Fabric, mfu: float):
-    from pretrain.planner.scaling import point
-
     if plan.world_size < 2:
         return None
     t = cfg.train.model_copy(update={"micro_batch_size": plan.micro_batch})
@@ -269,11 +264,9 @@ def _comms_point(cfg, plan: Plan, gpu: GPU, net: Fabric, mfu: float):
 
 
 def comms_summary(p) -> dict:
-    from pretrain.planner.comms import summary
-
     t = p.time
     return {
-        "collectives": summary(list(p.collectives), p.gpus),
+        "collectives": collective_rows(list(p.collectives)),
         "communication_s": t.communication,
         "exposed_s": t.exposed,
         "compute_s": t.compute,

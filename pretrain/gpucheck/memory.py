@@ -21,6 +21,8 @@ from pretrain.gpucheck.sizes import REPO, Context, smoke_model_overrides
 from pretrain.gpucheck.training import GiB, measure_run, run_config
 from pretrain.model.recompute import describe_recompute
 from pretrain.planner.gpus import DEFAULT_MFU
+from pretrain.planner.network import HOPPER_IB
+from pretrain.planner.scaling import scaling
 from pretrain.planner.search import Plan, micro_batch_candidates, plan_run
 
 SMOKE_SEQ = 32
@@ -169,9 +171,6 @@ SCALING_COUNTS = (32, 256, 1024)
 def scaling_rows(ctx: Context, name: str, label: str, mfu: float) -> list[dict[str, Any]]:
     """The paper config's step on N GPUs (pretrain/planner/scaling.py) with its compute part
     at the MFU this GPU just measured: the plan's scaling resting on a measured step."""
-    from pretrain.planner.network import HOPPER_IB
-    from pretrain.planner.scaling import scaling
-
     points = scaling(paper_config(ctx, name), ctx.gpu, HOPPER_IB, mfu, SCALING_COUNTS)
     return [
         {

@@ -16,6 +16,7 @@ DeepSpeed's and is not logged; the planner adds it apart.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tempfile
@@ -23,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
-from pretrain.config import Config, from_dict, to_dict
+from pretrain.config import Config, from_dict, grad_accum_steps, to_dict
+from pretrain.train import deepspeed_adapter
+from pretrain.train.engine import build_engine
 
 # DeepSpeed's logger, enabled for every op (prof_all) and quiet (no table printed at the end).
 COMMS_LOGGER = {"comms_logger": {"enabled": True, "prof_all": True, "verbose": False}}
@@ -66,11 +70,6 @@ def _logged(raw: dict[str, Any]) -> Logged:
 def run_steps(cfg: Config, world_size: int, steps: int) -> Logged:
     """In a rank of an initialised process group: `steps` optimizer steps of `cfg`'s engine,
     what DeepSpeed logged from the first micro step on."""
-    import deepspeed.comm as dc
-
-    from pretrain.config import grad_accum_steps
-    from pretrain.train.engine import build_engine
-
     data = to_dict(cfg)
     data["train"]["deepspeed"] = {**cfg.train.deepspeed, **COMMS_LOGGER}
     cfg = from_dict(Config, data)
@@ -78,24 +77,18 @@ def run_steps(cfg: Config, world_size: int, steps: int) -> Logged:
     t, m = cfg.train, cfg.model
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, m.vocab_size, (t.micro_batch_size, cfg.seq_len + 1), generator=g)
-    dc.comms_logger.comms_dict.clear()  # the engine's set-up apart from its steps
-    for timer in dc.comm.timers.get_timers().values():  # its running totals too (_logged)
-        timer.reset()
+    deepspeed_adapter.reset_comms_log()  # the engine's set-up apart from its steps
     for _ in range(steps * grad_accum_steps(cfg, world_size)):
         loss, _ = engine(x[:, :-1], targets=x[:, 1:])
         engine.backward(loss)
         engine.step()
-    logged = _logged(dc.comms_logger.get_raw_data())
-    dc.comms_logger.comms_dict.clear()
+    logged = _logged(deepspeed_adapter.comms_log())
+    deepspeed_adapter.reset_comms_log()
     engine.destroy()
     return logged
 
 
 def _worker(rank: int, world_size: int, port: int, configs: dict, steps: int, out: str) -> None:
-    import json
-
-    from pretrain.train.deepspeed_adapter import init_distributed, quiet_logs
-
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -105,8 +98,8 @@ def _worker(rank: int, world_size: int, port: int, configs: dict, steps: int, ou
         LOCAL_WORLD_SIZE=str(world_size),
     )
     torch.set_num_threads(1)
-    quiet_logs()
-    init_distributed("cpu")
+    deepspeed_adapter.quiet_logs()
+    deepspeed_adapter.init_distributed("cpu")
     results = {}
     for name, data in configs.items():
         logged = run_steps(from_dict(Config, data), world_size, steps)
@@ -117,10 +110,6 @@ def _worker(rank: int, world_size: int, port: int, configs: dict, steps: int, ou
 
 def measure(configs: dict[str, Config], world_size: int, steps: int = 2) -> dict[str, list[Logged]]:
     """Every config's `steps` steps on `world_size` CPU ranks: per config, each rank's log."""
-    import json
-
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as out:
         data = {name: to_dict(cfg) for name, cfg in configs.items()}
         mp.spawn(_worker, (world_size, free_port(), data, steps, out), nprocs=world_size)

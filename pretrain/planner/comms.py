@@ -41,8 +41,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pretrain.config import Config
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from pretrain.config import Config, grad_accum_steps
+from pretrain.model.transformer import Transformer
 from pretrain.planner.network import Fabric
+from pretrain.train.engine import deepspeed_config, param_groups
 
 DS_FALLBACK_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE: ZeRO 0's and BF16_Optimizer's
 DEFAULT_REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size's default
@@ -101,11 +106,6 @@ class Params:
 def engine_comms(cfg: Config, world_size: int) -> EngineComms:
     """The engine path and its settings, read from the DeepSpeed config the toolkit
     generates for a CUDA run (train/engine.py), the user's train.deepspeed merged in."""
-    import torch
-
-    from pretrain.config import grad_accum_steps
-    from pretrain.train.engine import deepspeed_config
-
     ds = deepspeed_config(cfg, world_size, torch.device("cuda"))
     zero = ds.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
@@ -134,12 +134,6 @@ def engine_comms(cfg: Config, world_size: int) -> EngineComms:
 
 def model_params(cfg: Config) -> Params:
     """The parameters of `cfg`'s model and their gradients' order, on fake tensors."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from pretrain.model.transformer import Transformer
-    from pretrain.train.engine import param_groups
-
     # A backward on fake tensors (shapes only, no memory) gives the order in which autograd
     # accumulates the gradients, the order DeepSpeed's hooks reduce them in (eager).
     order: list[int] = []
@@ -317,7 +311,7 @@ def trainer_sums(fabric: Fabric, n: int) -> float:
     return fabric.time("all_reduce", TRAINER_SUMS, n)
 
 
-def summary(collectives: list[Collective], n: int) -> list[dict[str, Any]]:
+def collective_rows(collectives: list[Collective]) -> list[dict[str, Any]]:
     return [
         {"op": c.op, "bytes": c.size, "calls": c.calls, "phase": c.phase, "what": c.what}
         for c in collectives
@@ -337,6 +331,7 @@ __all__ = [
     "model_params",
     "padded",
     "step_collectives",
+    "collective_rows",
     "step_time",
     "trainer_sums",
 ]

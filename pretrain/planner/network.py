@@ -26,7 +26,9 @@ alpha and beta are measured, `tools/plan.py --check-comms`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from pretrain.config import ConfigError
 
 GB = 1e9
 
@@ -101,10 +103,6 @@ def fabric(
     base: Fabric = HOPPER_IB,
 ) -> Fabric:
     """`base` with a user's own figures (GB/s per GPU and direction, as a ring reaches them)."""
-    from dataclasses import replace
-
-    from pretrain.config import ConfigError
-
     for flag, value in (
         ("--gpus-per-node", gpus_per_node),
         ("--nvlink-gbs", nvlink_gbs),

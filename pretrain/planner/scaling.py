@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import Config
+from pretrain.config import Config, grad_accum_steps, load_config
 from pretrain.planner.comms import (
     ADAM_BYTES,
     Collective,
@@ -36,6 +36,7 @@ from pretrain.planner.comms import (
 )
 from pretrain.planner.gpus import GPU
 from pretrain.planner.network import Fabric
+from pretrain.planner.search import flops_per_token
 
 COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 EFFICIENCY_FLOOR = 0.9
@@ -77,9 +78,6 @@ def point(
     params: Params | None = None,
 ) -> ScalePoint | None:
     """The step of `cfg` on n GPUs of `fabric`, at `mfu` of `gpu`'s peak."""
-    from pretrain.config import grad_accum_steps
-    from pretrain.planner.search import flops_per_token
-
     scaled = at_scale(cfg, n)
     if scaled is None:
         return None
@@ -153,8 +151,6 @@ def paper_scaling(
     counts: Sequence[int] = COUNTS,
 ) -> dict[str, list[ScalePoint]]:
     """`scaling` of every config (the paper's grid), parameters built once per shape."""
-    from pretrain.config import load_config
-
     shapes: dict[tuple[Any, ...], Params] = {}
     out = {}
     for path in configs:

@@ -232,6 +232,23 @@ def init_distributed(device_type: str) -> None:
         deepspeed.init_distributed(dist_backend="nccl", auto_mpi_discovery=False, verbose=False)
 
 
+def reset_comms_log() -> None:
+    """Empty DeepSpeed's communication logger, its timers too (they keep running totals)."""
+    import deepspeed.comm as dc
+
+    dc.comms_logger.comms_dict.clear()
+    for timer in dc.comm.timers.get_timers().values():
+        timer.reset()
+
+
+def comms_log() -> dict[str, Any]:
+    """DeepSpeed's logger: op -> message bytes -> [calls, each call's running total (ms) of
+    the op's timer, algbw, busbw] (pretrain/measure/deepspeed_comms.py reads it)."""
+    import deepspeed.comm as dc
+
+    return dc.comms_logger.get_raw_data()
+
+
 # ----------------------------------------------------------------------------- the step
 
 
@@ -445,11 +462,13 @@ __all__ = [
     "compile_backend",
     "compile_blocks",
     "compile_engine",
+    "comms_log",
     "init_distributed",
     "initialize",
     "inner_optimizer",
     "load_universal",
     "quiet_logs",
+    "reset_comms_log",
     "stepped_optimizer",
     "wrap_engine_calls",
     "wrap_stepped_optimizer",
