@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from pretrain.model.recompute import recompute_layers
 from pretrain.schema import (
     ConfigError,
     Section,
+    did_you_mean,
     from_dict,
     section_of,
     to_dict,
@@ -182,8 +182,7 @@ def check_key(key: str) -> None:
         fields = yaml_keys(cls)
         where = ".".join(parts[:i])
         if part not in fields:
-            near = difflib.get_close_matches(part, fields, n=1)
-            hint = f" (did you mean {where + '.' if where else ''}{near[0]}?)" if near else ""
+            hint = did_you_mean(part, fields, f"{where}." if where else "")
             raise ConfigError(
                 f"unknown config key {key}{hint}; known keys of {where or 'the config'}: "
                 f"{', '.join(fields)}"

@@ -152,6 +152,12 @@ def section_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def did_you_mean(word: str, choices: Any, prefix: str = "") -> str:
+    """' (did you mean PREFIX+NEAREST?)' for the closest of `choices`, or ''."""
+    near = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {prefix}{near[0]}?)" if near else ""
+
+
 def yaml_key(cls: type[BaseModel], name: str) -> str:
     """A field's key in YAML and --set: its alias where the name cannot be one (`async`)."""
     return cls.model_fields[name].alias or name
@@ -244,10 +250,7 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
         if key in MOVED:
             return ConfigError(f"{key} is now {MOVED[key]}; rename it in your config")
         known = list(yaml_keys(section)) if section is not None else []
-        name = key.rpartition(".")[2]
-        close = difflib.get_close_matches(name, known, n=1)
-        where = f"{parent}." if parent else ""
-        hint = f" (did you mean {where}{close[0]}?)" if close else ""
+        hint = did_you_mean(key.rpartition(".")[2], known, f"{parent}." if parent else "")
         return ConfigError(
             f"unknown key {key}{hint}; known keys of {parent or 'the config'}: {', '.join(known)}"
         )
@@ -286,6 +289,7 @@ __all__ = [
     "Section",
     "admits_none",
     "config_error",
+    "did_you_mean",
     "from_dict",
     "section_of",
     "to_dict",

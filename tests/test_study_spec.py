@@ -248,6 +248,18 @@ REFUSALS = [
     ),
     ("no-config", _set("config", DELETE), "config: missing", "give the base config"),
     (
+        "inherit-missing-file",
+        _set("config/inherit", {"model": "configs/models/nope.yaml"}),
+        "config inherit: config file not found: ",
+        "give paths relative to the repository root",
+    ),
+    (
+        "inherit-not-a-path",
+        _set("config/inherit", 5),
+        "config inherit: ",
+        "give paths relative to the repository root",
+    ),
+    (
         "unknown-config-key",
         _set("axes/theta/key", "model.rope_thetta"),
         "axis theta: unknown config key model.rope_thetta (did you mean model.rope_theta?)",

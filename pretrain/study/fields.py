@@ -4,7 +4,6 @@ and the fix (`StudyError`). pretrain/study/spec.py puts them together into runs.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 
 from pretrain.config import ConfigError, check_key
 from pretrain.errors import UserError
+from pretrain.schema import did_you_mean
 
 
 class StudyError(UserError, ValueError):
@@ -58,9 +58,13 @@ def shown_path(path: Path) -> str:
     return str(path) if rel.startswith("..") else rel
 
 
-def did_you_mean(word: str, choices: Any) -> str:
-    near = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {near[0]}?)" if near else ""
+def checked_key(w: Where, where: str, key: Any, fix: str) -> str:
+    """`key` if it names a config key (pretrain/config.py check_key), else one line."""
+    try:
+        check_key(str(key))
+    except ConfigError as e:
+        raise w.error(where, str(e), fix) from None
+    return str(key)
 
 
 def refuse_unknown_fields(w: Where, where: str, data: dict, known: tuple[str, ...]) -> None:
@@ -145,10 +149,7 @@ def parse_axis(w: Where, name: str, spec: Any) -> Axis:
     ):
         raise w.error(where, f"keys={keys!r} is not a list of config keys", "e.g. [train.seq_len]")
     for k in keys or ():
-        try:
-            check_key(k)
-        except ConfigError as e:
-            raise w.error(where, str(e), "fix the axis's key") from None
+        checked_key(w, where, k, "fix the axis's key")
     values = spec.get("values")
     if not values or not isinstance(values, (list, dict)):
         raise w.error(
@@ -209,12 +210,9 @@ def _settings(w: Where, where: str, label: str, keys: list[str] | None, value: A
                 f"{value!r} is not a mapping of config keys",
                 "give `key:` for plain values, or write {config.key: value}",
             )
-        for k in value:
-            try:
-                check_key(str(k))
-            except ConfigError as e:
-                raise w.error(f"{where} value {label}", str(e), "fix the key") from None
-        return {str(k): v for k, v in value.items()}
+        return {
+            checked_key(w, f"{where} value {label}", k, "fix the key"): v for k, v in value.items()
+        }
     if len(keys) == 1:
         return {keys[0]: value}
     if not isinstance(value, list) or len(value) != len(keys):
@@ -330,10 +328,7 @@ def parse_rules(w: Where, spec: Any) -> tuple[Rule, ...]:
     rules = []
     for key, how in spec.items():
         where = f"rule {key}"
-        try:
-            check_key(str(key))
-        except ConfigError as e:
-            raise w.error(where, str(e), "fix the rule's key") from None
+        checked_key(w, where, key, "fix the rule's key")
         if isinstance(how, dict):
             if len(how) != 1 or not isinstance(next(iter(how.values())), dict):
                 raise w.error(
@@ -342,21 +337,11 @@ def parse_rules(w: Where, spec: Any) -> tuple[Rule, ...]:
                     "write KEY: {FROM_KEY: {value: result, ...}}",
                 )
             ((source, table),) = how.items()
-            try:
-                check_key(str(source))
-            except ConfigError as e:
-                raise w.error(where, str(e), "fix the key the table reads") from None
-            rules.append(Rule(str(key), lookup_key=str(source), table=dict(table)))
+            source = checked_key(w, where, source, "fix the key the table reads")
+            rules.append(Rule(str(key), lookup_key=source, table=dict(table)))
         elif isinstance(how, str):
-            try:
-                check_key(how)
-            except ConfigError as e:
-                raise w.error(
-                    where,
-                    str(e),
-                    "a rule copies another config key, or looks its value up in a table "
-                    "(KEY: {FROM_KEY: {value: result}})",
-                ) from None
+            fix = "a rule copies another config key, or looks its value up in a table"
+            checked_key(w, where, how, fix + " (KEY: {FROM_KEY: {value: result}})")
             rules.append(Rule(str(key), copy_key=how))
         else:
             rules.append(Rule(str(key), value=how))
@@ -393,7 +378,7 @@ __all__ = [
     "StudyError",
     "TEMPLATE_FIELD",
     "Where",
-    "did_you_mean",
+    "checked_key",
     "label_of",
     "parse_axis",
     "parse_exclude",

@@ -9,12 +9,18 @@ run loader itself (pretrain/config.py). Loading a study imports no torch.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from pretrain.schema import Int, Section, config_error, validate_section, yaml_keys
+from pretrain.schema import (
+    Int,
+    Section,
+    config_error,
+    did_you_mean,
+    validate_section,
+    yaml_keys,
+)
 
 GPUS = ("h100", "h200")
 
@@ -118,8 +124,7 @@ def read_study_file(data: dict[str, Any]) -> StudyFile:
             if len(loc) > 1:
                 section = {"layout": Layout, "headers": HeadersSpec, "seeds": Seeds}[loc[0]]
             known = list(yaml_keys(section))
-            near = difflib.get_close_matches(loc[-1], known, n=1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
+            hint = did_you_mean(loc[-1], known)
             where = " ".join(loc[:-1]) or "top level"
             raise ValueError(
                 f"{where}: unknown field {loc[-1]!r}{hint}; use one of {', '.join(known)}"

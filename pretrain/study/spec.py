@@ -23,16 +23,15 @@ from pretrain.config import (
     Config,
     ConfigError,
     apply_overrides,
-    check_key,
     check_world_size,
-    deep_merge,
     from_dict,
     get_key,
-    load_yaml,
+    resolve_inherit,
     set_key,
     to_dict,
     yaml_error_message,
 )
+from pretrain.schema import did_you_mean
 from pretrain.study.fields import (
     CONFIG_HEADER,
     GRID_FIELDS,
@@ -45,7 +44,7 @@ from pretrain.study.fields import (
     Rule,
     StudyError,
     Where,
-    did_you_mean,
+    checked_key,
     label_of,
     parse_axis,
     parse_exclude,
@@ -108,7 +107,7 @@ class _Loader:
         self.seeds, self.seed_key = self._seeds()
         self.layout = self._layout()
         self.gpu = file.gpu
-        self.slurm_spec, self.array, self.max_running = self._slurm_spec()
+        self.slurm_spec, self.array, self.max_running = slurm_options(w, data.get("slurm"))
         self.plan = self._plan_file()
         self.exclude = parse_exclude(w, "exclude", data.get("exclude"), self.axes)
         self.grids = self._grids()
@@ -151,28 +150,15 @@ class _Loader:
                 "config", f"{spec!r} is neither a path nor a mapping", "see docs/studies.md"
             )
         base = copy.deepcopy(spec)
-        inherit = base.get("inherit")
-        for p in _inherit_paths(inherit):
-            if not (self.repo / p).is_file():
-                raise self.w.error(
-                    "config inherit",
-                    f"{p} does not exist",
-                    "give paths relative to the repository root",
-                )
-        if inherit is not None and not isinstance(inherit, (str, list, dict)):
-            raise self.w.error(
-                "config inherit", f"{inherit!r}", "give a path, a list of paths or section: path"
-            )
+        self._merged(base, "config")  # its inherited files exist and read, as the runs' will
         return base
 
     def _seeds(self) -> tuple[tuple[int, ...], str]:
         spec = self.file.seeds
         if isinstance(spec, Seeds):
-            try:
-                check_key(spec.key_)
-            except ConfigError as e:
-                raise self.w.error("seeds key", str(e), "fix the key") from None
-            return self._seed_values(spec.values), spec.key_
+            return self._seed_values(spec.values), checked_key(
+                self.w, "seeds key", spec.key_, "fix the key"
+            )
         return self._seed_values(spec), "train.seed"
 
     def _seed_values(self, seeds: list[int] | None) -> tuple[int, ...]:
@@ -197,12 +183,6 @@ class _Loader:
                 raise self.w.error(f"layout {k}", f"{v!r} is not a template", "e.g. runs/{name}")
             out[k] = v
         return out
-
-    def _slurm_spec(self) -> tuple[dict[str, Any] | None, bool, int | None]:
-        return slurm_options(self.w, self.data.get("slurm"))
-
-    def _slurm(self, spec: dict[str, Any], where: str) -> Slurm:
-        return parse_slurm(self.w, spec, where)
 
     def _plan_file(self) -> dict[str, dict[str, Any]]:
         spec = self.data.get("plan_file")
@@ -301,7 +281,8 @@ class _Loader:
             )
         self._check_unique(runs)
         baseline = self._baseline(runs)
-        slurm = self._slurm(dict(self.slurm_spec), "slurm") if self.slurm_spec is not None else None
+        spec = self.slurm_spec
+        slurm = parse_slurm(self.w, dict(spec), "slurm") if spec is not None else None
         array_script = None
         if slurm is not None:
             array_script = render_template(
@@ -400,8 +381,8 @@ class _Loader:
 
         slurm = None
         if self.slurm_spec is not None:
-            slurm = self._slurm({**self.slurm_spec, **grid.slurm}, f"{grid.where} slurm")
-            slurm = self._planned(slurm, stem, where)
+            slurm = parse_slurm(w, {**self.slurm_spec, **grid.slurm}, f"{grid.where} slurm")
+            slurm = planned_slurm(w, slurm, self.plan.get(stem), self.gpu, where)
         resolved = self._resolve(compact, list(overrides), slurm, where, source)
         script_path = None
         if slurm is not None and not self.array:
@@ -464,24 +445,14 @@ class _Loader:
             source[rule.key] = f"rule {rule.key}"
 
     def _merged(self, compact: dict[str, Any], where: str) -> dict[str, Any]:
-        """The config file's content with its `inherit:` read (paths from the repository)."""
-        data = dict(compact)
-        parents = data.pop("inherit", None)
-        merged: dict[str, Any] = {}
+        """The config file's content with its `inherit:` read (paths from the repository),
+        by the run loader's own rule (pretrain/config.py resolve_inherit)."""
         try:
-            if isinstance(parents, (str, list)):
-                for p in [parents] if isinstance(parents, str) else parents:
-                    merged = deep_merge(merged, load_yaml(self.repo / p))
-            elif isinstance(parents, dict):
-                for section, p in parents.items():
-                    merged = deep_merge(merged, {section: load_yaml(self.repo / p)})
+            return resolve_inherit(compact, self.repo)
         except ConfigError as e:
-            raise self.w.error(f"{where} inherit", str(e), "fix the inherited config") from None
-        except TypeError:
             raise self.w.error(
-                f"{where} inherit", f"{parents!r} is not a path", "give repository paths"
+                f"{where} inherit", str(e), "give paths relative to the repository root"
             ) from None
-        return deep_merge(merged, data)
 
     def _resolve(
         self,
@@ -511,9 +482,6 @@ class _Loader:
                 f"{where} ({', '.join(culprits)}){layout}", text, f"fix the {what}"
             ) from None
         return to_dict(cfg)
-
-    def _planned(self, slurm: Slurm, stem: str, where: str) -> Slurm:
-        return planned_slurm(self.w, slurm, self.plan.get(stem), self.gpu, where)
 
     def _check_unique(self, runs: list[StudyRun]) -> None:
         for attr, what, fix in (
@@ -579,16 +547,3 @@ def _entry_rows(
 
 def _matches(rule: dict[str, tuple[str, ...]], picked: dict[str, str]) -> bool:
     return all(picked.get(a) in labels for a, labels in rule.items())
-
-
-def _inherit_paths(inherit: Any) -> list[str]:
-    if isinstance(inherit, str):
-        return [inherit]
-    if isinstance(inherit, list):
-        return [str(p) for p in inherit]
-    if isinstance(inherit, dict):
-        return [str(p) for p in inherit.values()]
-    return []
-
-
-__all__ = ["load_study"]
