@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pretrain.study.records import StudyUsageError
-from pretrain.study.runs import Study
+from pretrain.study.runs import Study, relative_path
 from pretrain.study.selection import EVAL_ARGS_ENV, eval_arguments, select_runs
 from pretrain.study.status import STATES, format_status_table, study_status
 
@@ -209,7 +209,7 @@ def run_runtime_command(args: argparse.Namespace, study: Study) -> int:
     )
     print(report.markdown)
     for path in report.files:
-        print(f"wrote {_shown(path, repo)}")
+        print(f"wrote {relative_path(path, repo)}")
     if report.partial:
         print(f"partial report: {report.finished} of {report.total} runs finished")
     return 0
@@ -238,13 +238,6 @@ def _status(study: Study, repo: Path, watch: float | None, ask_slurm: bool | Non
 
 def _echo(text: str) -> None:
     print(text, flush=True)
-
-
-def _shown(path: Path, repo: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(repo.resolve()))
-    except ValueError:
-        return str(path)
 
 
 __all__ = ["RUNTIME_COMMANDS", "add_runtime_commands", "run_runtime_command"]

@@ -1,10 +1,9 @@
 """Studies are files: studies/NAME.yaml -> runs (spec.py), their plan (plan.py), their
 configs and job scripts (write.py). docs/studies.md describes the file.
 
-    from pretrain.study import load_study, plan_rows, write_study
-    study = load_study("studies/theta.yaml")       # every field checked: StudyError, one line
-    print(format_plan_table(plan_rows(study, "h100")))
-    write_study(study, study.repo)                 # -> the repo-relative paths that changed
+    study = load_study("studies/theta.yaml")   # every field checked: StudyError, one line
+    print(plan.format_plan_table(plan.plan_rows(study, "h100")))   # pretrain.study.plan
+    write.write_study(study, study.repo)   # pretrain.study.write: the paths that changed
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class Where:
 
 
 def shown_path(path: Path) -> str:
-    """The study file as the user would name it: from the current folder when inside it."""
+    """A path as the user would name it: from the current folder when inside it."""
     try:
         rel = os.path.relpath(path)
     except ValueError:  # another drive (Windows)

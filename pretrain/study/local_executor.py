@@ -36,7 +36,7 @@ from pretrain.study.records import (
 )
 from pretrain.study.runs import relative_path
 from pretrain.study.selection import Echo, check_files, eval_done, report_skipped
-from pretrain.study.status import COMPLETED, SUBMITTABLE, read_progress, study_status
+from pretrain.study.status import COMPLETED, SUBMITTABLE, duration, read_progress, study_status
 
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
@@ -264,7 +264,7 @@ class LocalExecutor:
                 continue
             self.procs.remove(p)
             p.log.close()
-            took = _clock(time.monotonic() - p.started)
+            took = duration(time.monotonic() - p.started)
             if p.kind == "eval":
                 if code == 0:
                     self.echo(f"{p.run.name}: evaluated in {took}")
@@ -322,12 +322,7 @@ class LocalExecutor:
         return relative_path(Path(p.log.name), self.repo)
 
     def _elapsed(self) -> str:
-        return _clock(time.monotonic() - self.t0)
-
-
-def _clock(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    return f"{m}m{s:02d}s"
+        return duration(time.monotonic() - self.t0)
 
 
 def _last_line(log: Path) -> str:

@@ -29,6 +29,7 @@ import pretrain
 from pretrain.config import Config, from_dict
 from pretrain.model.recompute import describe_recompute
 from pretrain.run_layout import atomic_write
+from pretrain.study.fields import shown_path
 from pretrain.study.runs import Study, StudyRun
 from pretrain.tables import text_table
 
@@ -163,14 +164,6 @@ def _write_cached(path: Path, figures: PlanFigures, run: StudyRun, device: GPU) 
     atomic_write(path, json.dumps(entry, indent=1) + "\n", fsync=False)
 
 
-def _shown(path: Path) -> str:
-    """`path` relative to the working folder where it is under it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def _ranks(run: StudyRun) -> tuple[int, str]:
     if run.slurm is None:
         return 1, "1 x 1"
@@ -251,7 +244,7 @@ def plan_rows(
         )
     if log is not None and cached_runs:
         print(
-            f"{cached_runs} of {len(rows)} runs from the plan cache ({_shown(cache_dir)}; "
+            f"{cached_runs} of {len(rows)} runs from the plan cache ({shown_path(cache_dir)}; "
             "--fresh traces them again)",
             file=log,
             flush=True,

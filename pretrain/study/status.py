@@ -121,10 +121,6 @@ def run_folder(run: StudyRun, repo: Path) -> Path:
     return Path(repo) / run.run_dir
 
 
-def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    return config.get(name) or {}
-
-
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -133,8 +129,8 @@ def read_progress(run: StudyRun, repo: Path) -> RunProgress:
     """The run folder of `run` read without writing anything (safe while it trains)."""
     folder = run_folder(run, repo)
     config = run.config
-    total = int(_section(config, "train").get("train_iters") or 0)
-    layout = RunLayout(folder, _section(config, "checkpoint").get("dir"))
+    total = int((config.get("train") or {}).get("train_iters") or 0)
+    layout = RunLayout(folder, (config.get("checkpoint") or {}).get("dir"))
     tag = layout.latest_tag()
     checkpoint_step = tag_step(tag) if tag else None
     rows = read_metrics(folder)
@@ -159,13 +155,11 @@ def read_progress(run: StudyRun, repo: Path) -> RunProgress:
     metrics_time = layout.metrics.stat().st_mtime if layout.metrics.exists() else 0.0
     hung = bool(reports) and max(p.stat().st_mtime for p in reports) >= metrics_time
 
-    rollbacks = 0
-    if (folder / ROLLBACKS_FILE).is_file():
-        try:
-            rollbacks = len(json.loads((folder / ROLLBACKS_FILE).read_text()))
-        except json.JSONDecodeError:
-            rollbacks = 0  # being written; the next look sees it
-    spikes = _section(config, "spikes")
+    try:
+        rollbacks = len(json.loads((folder / ROLLBACKS_FILE).read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):  # none yet, or being written
+        rollbacks = 0
+    spikes = config.get("spikes") or {}
     gave_up = bool(spikes.get("rollback_after")) and rollbacks >= int(
         spikes.get("max_rollbacks", 5)
     )
@@ -376,7 +370,8 @@ STATUS_COLUMNS = (
 )
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
+    """`4m10s`, `2h05m`; `-` for none."""
     if seconds is None or not math.isfinite(seconds):
         return "-"
     s = int(seconds)
@@ -402,7 +397,7 @@ def status_cells(row: RunStatus) -> list[str]:
         _num(p.valid_loss, ".4f"),
         tps,
         mfu,
-        _duration(row.eta_s),
+        duration(row.eta_s),
         row.job or "-",
         row.job_state or "-",
     ]
@@ -422,7 +417,7 @@ def status_summary(status: StudyStatus) -> str:
     text = f"{len(status.rows)} runs: " + ", ".join(counts)
     etas = [r.eta_s for r in status.rows if r.eta_s is not None]
     if etas:
-        text += f"; the running ones end in {_duration(max(etas))} at the latest"
+        text += f"; the running ones end in {duration(max(etas))} at the latest"
     if status.slurm_note:
         text += f" ({status.slurm_note}; the run folders say)"
     return text
@@ -447,6 +442,7 @@ __all__ = [
     "RunStatus",
     "StudyStatus",
     "decide_state",
+    "duration",
     "format_status_table",
     "read_progress",
     "run_folder",
