@@ -682,6 +682,9 @@ CASES = [
     Case("bench-no-area", "benchmark", [], "AREA"),
     Case("bench-unknown-area", "benchmark", ["gpu"], "gpu"),
     Case("bench-bad-flag", "benchmark", ["model", "--bogus"], "--bogus"),
+    Case(
+        "bench-comms-one-rank", "benchmark", ["comms", "--ranks", "1"], "--ranks 1: give at least 2"
+    ),
     # tools/gpu_check.py (flags only: the smoke is tests/test_gpu_check.py)
     Case("gpu-check-stage", "gpu_check", ["--cpu-smoke", "--stage", "gpu"], "--stage gpu"),
     Case("gpu-check-budget", "gpu_check", ["--budget", "-1"], "--budget -1 must be >= 0"),

@@ -247,3 +247,32 @@ def test_a_global_batch_smaller_than_the_gpus_stops_the_table():
     assert at_scale(cfg, 16).train.micro_batch_size == 1
     assert at_scale(cfg, 4).train.micro_batch_size == 2
     assert at_scale(cfg, 32) is None and at_scale(cfg, 3) is None
+
+
+# ----------------------------------------------------------------------------- the gloo check
+
+
+def test_the_gloo_fit_recovers_a_known_alpha_and_bandwidth():
+    """tools/benchmark.py comms fits alpha and bandwidth to timings; on timings a known ring
+    made (4 ranks, 300 us a step, 1.2 GB/s) it gives them back."""
+    from pretrain.benchmarks.comms import SIZES, fit_ring
+    from pretrain.planner.network import Fabric
+
+    made = Fabric("known", 4, 1.2 * GB, 1.2 * GB, 300e-6, 300e-6)
+    ops = ("all_reduce", "all_gather_into_tensor")
+    times = {op: {s: made.time(op, s, 4) for s in SIZES} for op in ops}
+    fit = fit_ring(times, 4)
+    assert fit.nvlink_alpha == pytest.approx(300e-6, rel=1e-6)
+    assert fit.nvlink_bandwidth == pytest.approx(1.2 * GB, rel=1e-6)
+
+
+def test_deepspeeds_running_totals_become_each_calls_time():
+    """DeepSpeed 0.19's logger records, per call, the running total of its op's timer over
+    every size; sorted, the differences are each call's own time."""
+    from pretrain.measure.deepspeed_comms import _logged
+
+    # all_reduce calls in this order: 4 B (1 ms), 400 B (3 ms), 4 B (2 ms), 400 B (5 ms)
+    raw = {"all_reduce": {4: [2, [1.0, 6.0], 0, 0], 400: [2, [4.0, 11.0], 0, 0]}}
+    got = _logged(raw)["all_reduce"]
+    assert got[4] == {"calls": 2, "latencies": pytest.approx([1e-3, 2e-3])}
+    assert got[400] == {"calls": 2, "latencies": pytest.approx([3e-3, 5e-3])}

@@ -26,11 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pretrain.config import Config, from_dict
+from pretrain.errors import UserError
 from pretrain.measure.deepspeed_comms import free_port, measure
 from pretrain.planner.comms import step_collectives
 from pretrain.planner.network import Fabric
@@ -83,30 +85,30 @@ def fit_gloo(n: int, repeats: int) -> tuple[Fabric, dict[str, dict[int, float]]]
             op: {int(s): t for s, t in v.items()}
             for op, v in json.loads(Path(out).read_text()).items()
         }
-    # least squares of t = alpha x steps + factor x S / B over both kinds (their ring factors)
+    return fit_ring(times, n), times
+
+
+def fit_ring(times: dict[str, dict[int, float]], n: int) -> Fabric:
+    """The alpha (seconds per ring step) and bandwidth that fit `times` (op -> bytes ->
+    seconds) best, by least squares on the ring's t = steps x alpha + factor x S / B."""
     ring = {
         "all_reduce": (2 * (n - 1), 2 * (n - 1) / n),
         "all_gather_into_tensor": (n - 1, (n - 1) / n),
     }
-    xs = [(ring[op][0], ring[op][1] * s) for op in times for s in SIZES]
-    ys = [times[op][s] for op in times for s in SIZES]
-    sxx = sum(a * a for a, _ in xs)
-    sxy = sum(a * b for a, b in xs)
-    syy = sum(b * b for _, b in xs)
-    rx = sum(a * y for (a, _), y in zip(xs, ys, strict=True))
-    ry = sum(b * y for (_, b), y in zip(xs, ys, strict=True))
-    det = sxx * syy - sxy * sxy
-    alpha = max((rx * syy - ry * sxy) / det, 0.0)
-    per_byte = max((ry * sxx - rx * sxy) / det, 1e-15)
-    fabric = Fabric(
+    rows = [
+        (ring[op][0], ring[op][1] * size, t) for op, v in times.items() for size, t in v.items()
+    ]
+    a = np.array([(steps, moved) for steps, moved, _ in rows], dtype=float)
+    (alpha, per_byte), *_ = np.linalg.lstsq(a, np.array([t for *_, t in rows]), rcond=None)
+    bandwidth = 1 / max(float(per_byte), 1e-15)
+    return Fabric(
         name=f"gloo, {n} CPU ranks on this machine",
         gpus_per_node=n,
-        nvlink_bandwidth=1 / per_byte,
-        nic_bandwidth=1 / per_byte,
-        nvlink_alpha=alpha,
-        nic_alpha=alpha,
+        nvlink_bandwidth=bandwidth,
+        nic_bandwidth=bandwidth,
+        nvlink_alpha=max(float(alpha), 0.0),
+        nic_alpha=max(float(alpha), 0.0),
     )
-    return fabric, times
 
 
 def settings(args: argparse.Namespace) -> dict[str, Config]:
@@ -173,6 +175,13 @@ def predicted_vs_logged(
 
 def run(args: argparse.Namespace) -> None:
     n = args.ranks
+    for flag, value, least in (
+        ("--ranks", n, 2),
+        ("--steps", args.steps, 1),
+        ("--repeats", args.repeats, 1),
+    ):
+        if value < least:
+            raise UserError(f"{flag} {value}: give at least {least}")
     fabric, times = fit_gloo(n, args.repeats)
     print(
         f"gloo on {n} ranks: alpha {fabric.nvlink_alpha * 1e6:.1f} us per ring step, "

@@ -87,8 +87,8 @@ def point(
     model_flops, _ = flops_per_token(cfg.model, cfg.seq_len, 0)
     tokens = cfg.train.global_batch_size * cfg.seq_len
     compute = model_flops * tokens / (n * gpu.peak_flops * mfu)
-    sharded = e.stage > 0 or e.path == "bf16_optimizer"
-    partition = sum(padded(sum(g), n) // n if sharded else sum(g) for g in params.groups)
+    # ZeRO 1 and 2 (BF16_Optimizer is ZeRO 1) update the rank's partition; ZeRO 0 everything
+    partition = sum(padded(sum(g), n) // n if e.stage else sum(g) for g in params.groups)
     optimizer = partition * ADAM_BYTES / gpu.memory_bandwidth
     accum = grad_accum_steps(scaled, n)
     time = step_time(collectives, fabric, n, compute, accum, optimizer)
