@@ -276,3 +276,22 @@ def test_deepspeeds_running_totals_become_each_calls_time():
     got = _logged(raw)["all_reduce"]
     assert got[4] == {"calls": 2, "latencies": pytest.approx([1e-3, 2e-3])}
     assert got[400] == {"calls": 2, "latencies": pytest.approx([3e-3, 5e-3])}
+
+
+def test_the_docs_scaling_table_and_collectives_are_the_codes():
+    """docs/performance.md's paper scaling table is what `tools/plan.py --paper-scaling --mfu
+    0.45` prints, and its Llama-1B step on 32 GPUs lists the plan's collectives."""
+    from pathlib import Path
+
+    from pretrain.planner.scaling import paper_scaling
+    from pretrain.planner.scaling_report import scaling_table
+    from pretrain.study.spec import load_study
+
+    repo = Path(__file__).resolve().parents[1]
+    doc = (repo / "docs" / "performance.md").read_text()
+    runs = load_study(repo / "studies" / "partial_rope.yaml").runs
+    results = paper_scaling([repo / r.config_path for r in runs], GPUS["h200"], HOPPER_IB, 0.45)
+    for row in scaling_table(results).splitlines():
+        assert row in doc, f"docs/performance.md's scaling table is stale; expected\n{row}"
+    for c in step_collectives(load_config("configs/paper/llama1b_rope10.yaml"), 32):
+        assert f"{c.op:<23} {c.size:>15,} B x {c.calls:<3}" in doc, c

@@ -216,9 +216,8 @@ def compile_stage(ctx: Context, name: str) -> dict[str, Any]:
         checks += more if compiled else [c for c in more if "step time" in c["name"]]
         steps[compiled, regions] = measured["step_time_s"]
         first[compiled, regions] = measured["first_step_s"]
-        if regions == "model":
-            tokens = plan.micro_batch * plan.grad_accum * plan.seq_len  # the measured step's
-            mfu = plan.model_flops * tokens / measured["step_time_s"] / ctx.gpu.peak_flops
+        if regions == "model":  # the plan's scaling from the MFU this run measured
+            mfu = rows["speed"][0]["mfu_model"]
             _merge(tables, {"scaling": scaling_rows(ctx, name, label, mfu)})
     eager = steps[False, "model"]
     checks.append(at_most(f"{name}: compiled / eager step time", steps[True, "model"] / eager, 1.0))

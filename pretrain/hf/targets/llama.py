@@ -38,6 +38,7 @@ from pretrain.hf.targets.base import (
     rope_from_hf,
     rotary_factor,
 )
+from pretrain.model.position import layer_positions
 
 # Our module names inside a block -> Llama's, where the tensor is only renamed.
 LAYER_NAMES = {
@@ -158,6 +159,22 @@ class Llama(Target):
                 f"needs no such base)"
             ]
         return []
+
+    def bias_and_window_problems(self, cfg: ModelConfig) -> list[str]:
+        """What a class without biases and with one window for every layer (Mistral, Phi3)
+        cannot hold."""
+        cls = self.class_name
+        problems = [
+            f"{cls} has no biases (model.{field}: true)"
+            for field in ("attn_bias", "mlp_bias")
+            if getattr(cfg, field)
+        ]
+        if len({p.window for p in layer_positions(cfg)}) > 1:
+            problems.append(
+                f"{cls} windows every layer alike; full-attention layers among sliding ones "
+                f"(model.sliding_window_pattern / layer_types) are not representable"
+            )
+        return problems
 
     def layer_problems(self, cfg: ModelConfig) -> list[str]:
         """What Llama's layers (and SmolLM3's, the same layers) cannot hold, positions aside."""

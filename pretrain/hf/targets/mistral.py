@@ -24,16 +24,7 @@ class Mistral(llama.Llama):
 
     def unsupported(self, cfg: ModelConfig) -> list[str]:
         cls = self.class_name
-        problems = self.layer_problems(cfg)
-        for field in ("attn_bias", "mlp_bias"):
-            if getattr(cfg, field):
-                problems.append(f"{cls} has no biases (model.{field}: true)")
-        windows = {p.window for p in layer_positions(cfg)}
-        if len(windows) > 1:
-            problems.append(
-                f"{cls} windows every layer alike; full-attention layers among sliding ones "
-                f"(model.sliding_window_pattern / layer_types) are not representable"
-            )
+        problems = self.layer_problems(cfg) + self.bias_and_window_problems(cfg)
         return problems + self.rotary_problems(cfg) + position_limits(cfg, cls, sliding=True)
 
     def hf_config(self, cfg: ModelConfig, common: dict[str, Any]) -> Any:

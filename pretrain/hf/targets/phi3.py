@@ -21,7 +21,6 @@ from pretrain.hf.targets.base import (
     position_limits,
     rotary_factor,
 )
-from pretrain.model.position import layer_positions
 
 # Our module names inside a block -> Phi3's (the fused projections keep our layout).
 LAYER_NAMES = {
@@ -40,10 +39,7 @@ class Phi3(llama.Llama):
 
     def unsupported(self, cfg: ModelConfig) -> list[str]:
         cls = self.class_name
-        problems = self.layer_problems(cfg)
-        for field in ("attn_bias", "mlp_bias"):
-            if getattr(cfg, field):
-                problems.append(f"{cls} has no biases (model.{field}: true)")
+        problems = self.layer_problems(cfg) + self.bias_and_window_problems(cfg)
         if cfg.rope_dims == 0 or cfg.rope_spectrum != "neox":
             problems.append(
                 f"{cls} rotates with NeoX's spectrum over its rotary dims (model.rope_spectrum:"
@@ -53,8 +49,6 @@ class Phi3(llama.Llama):
             problems.append(
                 f"{cls} scales RoPE by longrope only (model.rope_scaling: {cfg.rope_scaling.type})"
             )
-        if len({p.window for p in layer_positions(cfg)}) > 1:
-            problems.append(f"{cls} windows every layer alike (model.sliding_window_pattern)")
         return problems + position_limits(cfg, cls, sliding=True)
 
     def hf_config(self, cfg: ModelConfig, common: dict[str, Any]) -> Any:
