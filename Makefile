@@ -11,7 +11,7 @@ HAS_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
 TORCH_WHEELS ?= /opt/wheels
 UV_VERSION   := 0.13.9
 
-.PHONY: venv quickstart test test-quick test-latest test-exports gpu-check gpu-wheels lock lint clean
+.PHONY: venv quickstart test test-quick test-faults test-latest test-exports gpu-check gpu-wheels lock lint clean
 
 venv: $(VENV)/.installed
 
@@ -53,6 +53,11 @@ QUICK_TESTS := tests/test_architecture.py tests/test_model.py tests/test_model_r
 QUICK_PLAN := "not paper_plan and not cpu_allocator and not cli_plan and not choose_takes"
 test-quick: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=5 $(QUICK_TESTS) "tests/test_plan.py" -k $(QUICK_PLAN)
+
+# The training step in every setting it accepts against every numeric fault (the cells of
+# tests/fault_matrix.py); `make test` runs a sample of them. Batches spread over the workers.
+test-faults: venv
+	PRETRAIN_FAULT_MATRIX=full $(PY) -m pytest -q -n $(TEST_WORKERS) --dist load tests/test_train_faults.py
 
 # The GPU acceptance run (docs/performance.md, "Measured on a GPU"): the stages not done yet
 # that fit in one 10-minute command; run it again until it says all done (exit 75 = stages

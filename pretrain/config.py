@@ -154,6 +154,11 @@ def check_world_size(cfg: Config, world_size: int) -> None:
     the batch divides over them, and a rank fault names one of them."""
     grad_accum_steps(cfg, world_size)
     for i, f in enumerate(cfg.spikes.faults):
+        if f.kind not in RANK_FAULTS and f.rank is not None and not 0 <= f.rank < world_size:
+            raise ConfigError(
+                f"spikes.faults[{i}].rank={f.rank}: a {f.kind} fault on one rank names one of "
+                f"0 to {world_size - 1} for this world size of {world_size} (null: every rank)"
+            )
         if f.kind in RANK_FAULTS and (f.rank is None or not 0 <= f.rank < world_size):
             raise ConfigError(
                 f"spikes.faults[{i}].rank={f.rank}: a {f.kind} fault needs the rank it stalls, "

@@ -17,7 +17,7 @@ Two kinds:
   This module sits at the base, beside the config, so that data/ and train/ both use it.
 - **Step faults** from the config (`spikes.faults`, pretrain/config.py FaultConfig), by data
   step (`DataFaults`): a batch corrupted so that the loss-spike guard has something to
-  catch, and one rank that hangs or is slow, for the hang watchdog and the straggler scalar
+  catch (on every rank, or on one), and one rank that hangs or is slow, for the hang watchdog and the straggler scalar
   (pretrain/train/watchdog.py). A hang fires once per run folder: before blocking, the rank
   leaves a marker in RUN/hang/, and a rerun of the run (a requeued job) trains through.
 """
@@ -102,7 +102,12 @@ class DataFaults:
             return range(f.step, (f.last or f.step) + 1)
 
         rank_kinds = ("hang", "slow")
-        self.by_step = {s: f for f in faults if f.kind not in rank_kinds for s in steps(f)}
+        self.by_step = {
+            s: f
+            for f in faults
+            if f.kind not in rank_kinds and f.rank in (None, rank)
+            for s in steps(f)
+        }
         self.stalls = {
             s: f for f in faults if f.kind in rank_kinds and f.rank == rank for s in steps(f)
         }
@@ -143,7 +148,9 @@ class DataFaults:
 
     def loss(self, loss: torch.Tensor, data_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss as reported, objective the backward differentiates) under the step's fault:
-        nan spoils both, scale_loss scales both, scale_grads only the objective."""
+        nan spoils both, scale_loss scales both, scale_grads only the objective, inf_grads
+        makes the objective's gradients infinite (NaN where they were 0), as an overflow
+        would."""
         fault = self.by_step.get(data_step)
         if fault is None or fault.kind == "noise":
             return loss, loss
@@ -153,6 +160,8 @@ class DataFaults:
         if fault.kind == "scale_loss":
             loss = loss * fault.factor
             return loss, loss
+        if fault.kind == "inf_grads":
+            return loss, loss * float("inf")
         return loss, loss * fault.factor  # scale_grads
 
 

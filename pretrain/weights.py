@@ -11,6 +11,7 @@ Files are written to a temporary name and renamed, so a crash never leaves half 
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,70 @@ class WeightsError(UserError, ValueError):
     the message names it and what to give instead."""
 
 
+# safetensors' own limit on the JSON header; the first 8 bytes of any other file, read as
+# a length, are almost never below it.
+_MAX_HEADER = 100_000_000
+
+
+def safetensors_problem(path: str | Path) -> str | None:
+    """What makes `path` no whole safetensors file, in words, from its 8-byte length and JSON
+    header alone (None: the header reads and the tensors' bytes are all there). safetensors
+    refuses such a file too, but in its own words ("incomplete metadata, file not fully
+    covered"), which name neither the file nor the fix."""
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        if not head:
+            return "is empty"
+        if len(head) < 8 or n > _MAX_HEADER:
+            return "is not a safetensors file (its first 8 bytes are no header length)"
+        if 8 + n > size:
+            return f"is cut short ({size} bytes; its header alone takes {8 + n})"
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return "is not a safetensors file (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "is not a safetensors file (its header is not a JSON object)"
+    try:
+        end = max(
+            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (TypeError, KeyError, IndexError, ValueError):
+        return "is not a safetensors file (its header gives no tensors' data offsets)"
+    if 8 + n + end > size:
+        return f"is cut short ({size} bytes; its header describes {8 + n + end})"
+    return None
+
+
+def open_safetensors(path: str | Path, fix: str, device: str | torch.device = "cpu"):
+    """`safetensors.safe_open(path)` for PyTorch tensors on `device`; a file that is not whole
+    safetensors raises WeightsError in one line: the file, what is wrong, then `fix`."""
+    from safetensors import safe_open
+
+    problem = safetensors_problem(path)
+    if problem is None:
+        try:
+            return safe_open(str(path), framework="pt", device=str(device))
+        except OSError:
+            raise
+        except Exception as e:  # safetensors' SafetensorError: a header it refuses
+            problem = f"is not a valid safetensors file ({e})"
+    raise WeightsError(f"{path} {problem}; {fix}")
+
+
+def load_safetensors(
+    path: str | Path, fix: str, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (as safetensors.torch.load_file), checked as
+    `open_safetensors` checks it."""
+    with open_safetensors(path, fix, device) as f:
+        return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (no dict)
+
+
 def read_config(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
@@ -97,8 +162,6 @@ def load_weights(
     directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> tuple[Transformer, dict[str, Any]]:
     """Rebuild the model from a weights folder. Returns (model in eval mode, full config)."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     # In a checkpoint folder: the weights and config against the sizes and CRC-32s its marker
     # recorded.
@@ -119,13 +182,7 @@ def load_weights(
     cfg = from_dict(ModelConfig, config.get("model"), "model")
     with torch.device("meta"):
         model = Transformer(cfg)
-    try:
-        state = load_file(str(weights), device=str(device))
-    except Exception as e:  # safetensors' own error types: a file that is not safetensors
-        raise WeightsError(
-            f"{weights} cannot be read ({type(e).__name__}: {e}); "
-            f"write it again or use an earlier checkpoint"
-        ) from None
+    state = load_safetensors(weights, "write it again or use an earlier checkpoint", device)
     if cfg.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -232,8 +289,6 @@ def init_from_source(spec: str, target: ModelConfig) -> tuple[Path, ModelConfig]
 def load_initial_weights(model: Transformer, spec: str) -> Path:
     """Copy the weights of `checkpoint.init_from` into `model` (in place, its device and
     dtype); returns the folder they came from."""
-    from safetensors.torch import load_file
-
     folder, source = init_from_source(spec, model.cfg)
     if (folder / STATE_FILE).is_file():
         problems = verify_checkpoint(folder, files=[WEIGHTS_FILE, CONFIG_FILE])
@@ -243,12 +298,9 @@ def load_initial_weights(model: Transformer, spec: str) -> Path:
                 f"earlier step (RUN@STEP)"
             )
     try:
-        state = load_file(str(folder / WEIGHTS_FILE), device="cpu")
-    except Exception as e:  # safetensors' own error types: a file that is not safetensors
-        raise WeightsError(
-            f"checkpoint.init_from={spec!r}: {folder / WEIGHTS_FILE} cannot be read "
-            f"({type(e).__name__}: {e}); write it again or use an earlier step (RUN@STEP)"
-        ) from None
+        state = load_safetensors(folder / WEIGHTS_FILE, "write it again or use an earlier step")
+    except WeightsError as e:
+        raise WeightsError(f"checkpoint.init_from={spec!r}: {e} (RUN@STEP)") from None
     if source.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state, strict=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +28,7 @@ PROGRAMS = {
     "evaluate": "pretrain.cli.evaluate:main",
     "export_hf": "pretrain.cli.export_hf:main",
     "import_hf": "pretrain.cli.import_hf:main",
+    "frequency_use": "pretrain.cli.frequency_use:main",
     "compare_runs": "pretrain.cli.compare_runs:main",
     "study": "pretrain.cli.study:main",
     "model_info": "pretrain.cli.model_info:main",
@@ -550,6 +552,35 @@ CASES = [
         "bert",
         hf_folder({"model_type": "bert", "architectures": ["BertModel"]}),
     ),
+    # a config.json that is not a JSON object (broken weights, shards, index: test_broken_*)
+    Case(
+        "import-hf-config-not-json",
+        "import_hf",
+        ["--hf", "{t}/hf", "--out", "{t}/o"],
+        "{t}/hf/config.json is not JSON (Expecting value at line 1 column 1); download",
+        text("hf/config.json", "model_type: llama\n"),
+    ),
+    Case(
+        "import-hf-config-list",
+        "import_hf",
+        ["--hf", "{t}/hf", "--out", "{t}/o"],
+        "{t}/hf/config.json holds a JSON list, not an object",
+        text("hf/config.json", '[{"model_type": "llama"}]'),
+    ),
+    Case(
+        "freq-hf-config-not-text",
+        "frequency_use",
+        ["--hf", "{t}/hf", "--data", "{t}/d", "--out", "{t}/o"],
+        "{t}/hf/config.json is not JSON (its bytes are not text)",
+        lambda t: (t / "hf").mkdir() or (t / "hf/config.json").write_bytes(b"\x93\xff" * 64),
+    ),
+    Case(
+        "freq-hf-config-list",
+        "frequency_use",
+        ["--hf", "{t}/hf", "--data", "{t}/d", "--out", "{t}/o"],
+        "{t}/hf/config.json holds a JSON list",
+        text("hf/config.json", "[]"),
+    ),
     # tools/compare_runs.py
     Case("compare-no-runs", "compare_runs", [], "runs"),
     Case("compare-run-missing", "compare_runs", ["{t}/nope"], "{t}/nope"),
@@ -743,6 +774,163 @@ def test_the_table_covers_every_program():
     assert len({c.id for c in CASES}) == len(CASES)
 
 
+# ------------------------------------------------- broken model folders: real files, damaged
+
+SHARD = "model-00002-of-{n}.safetensors"  # {n}: the export's shard count
+
+
+def _cut(path: Path) -> None:
+    """The file's first half, as an interrupted download or copy leaves it."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 8)
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    """One tiny model as a one-file export, a sharded export and a weights folder, and one
+    with a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json), built once; each
+    test damages a copy."""
+    from pretrain.config import ModelConfig
+    from pretrain.data.tokenizer import ByteTokenizer, HFTokenizer
+    from pretrain.hf.folder import export_hf
+    from pretrain.hf.tokenizer import hf_tokenizer_json
+    from pretrain.model.transformer import Transformer
+    from pretrain.weights import save_weights
+
+    root = tmp_path_factory.mktemp("model_folders")
+    dims = dict(pad_vocab_to_multiple=1, n_layers=2, d_model=16, n_heads=2, d_ff=32, max_seq_len=16)
+    model = Transformer(ModelConfig(vocab_size=64, **dims))
+    export_hf(model, root / "one", card=False)
+    sharded = export_hf(model, root / "sharded", card=False, max_shard_size="3KB")
+    n = sum(f.endswith(".safetensors") for f in sharded.files)
+    assert n > 2
+    save_weights(model, root / "w")
+    # The bytes tokenizer as a tokenizer.json (kind "hf"): import reads both of its files
+    tok = HFTokenizer(hf_tokenizer_json(ByteTokenizer()).encode(), "bytes-hf")
+    with_tok = Transformer(ModelConfig(vocab_size=tok.vocab_size, **dims))
+    assert "tokenizer.json" in export_hf(with_tok, root / "tok", card=False, tokenizer=tok).files
+    return root, f"{n:05d}"
+
+
+# (folder, file in it, damage, what the one line says after the file's path)
+HF_DAMAGES = {
+    "weights-garbage": ("one", "model.safetensors", _garbage, "is not a safetensors file"),
+    "weights-cut": ("one", "model.safetensors", _cut, "is cut short"),
+    "shard-missing": ("sharded", SHARD, Path.unlink, "is missing (named in"),
+    "shard-cut": ("sharded", SHARD, _cut, "is cut short"),
+    "index-not-json": (
+        "sharded",
+        "model.safetensors.index.json",
+        lambda p: p.write_text('{"weight_map": {'),
+        "is not JSON",
+    ),
+    "tokenizer-not-json": (
+        "tok",
+        "tokenizer.json",
+        lambda p: p.write_text('{"model": {'),
+        "is not JSON (Expecting",
+    ),
+    "tokenizer-not-text": (
+        "tok",
+        "tokenizer.json",
+        lambda p: p.write_bytes(b"\x93\xff" * 64),
+        "is not JSON (its bytes are not text)",
+    ),
+    "tokenizer-refused": (  # a JSON object, but no tokenizer the `tokenizers` library reads
+        "tok",
+        "tokenizer.json",
+        lambda p: p.write_text('{"model": 3}'),
+        "is not a tokenizer the tokenizers library reads (",
+    ),
+    "tokenizer-config-list": (
+        "tok",
+        "tokenizer_config.json",
+        lambda p: p.write_text('[{"eos_token": "<|endoftext|>"}]'),
+        "holds a JSON list, not an object",
+    ),
+    "tokenizer-config-not-json": (
+        "tok",
+        "tokenizer_config.json",
+        lambda p: p.write_text('{"eos_token": '),
+        "is not JSON (Expecting",
+    ),
+    "record-not-object": (  # our record in config.json, damaged
+        "one",
+        "config.json",
+        lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "pretrain": [1]})),
+        "holds a 'pretrain' record that is not an object",
+    ),
+}
+# Every program that reads a Hugging Face folder ({f}: the folder, {t}: tmp_path)
+HF_READERS = {
+    "import_hf": ["--hf", "{f}", "--out", "{t}/o"],
+    "frequency_use": ["--hf", "{f}", "--data", "{t}/d", "--out", "{t}/o"],
+}
+WEIGHTS_DAMAGES = {"garbage": _garbage, "cut": _cut}
+# Programs that read our own weights folder (model.safetensors + config.yaml)
+WEIGHTS_READERS = {
+    "export_hf": ["--run", "{f}", "--out", "{t}/o"],
+    "evaluate": ["--run", "{f}", "--tasks", "none", "--val"],
+    "frequency_use": ["--run", "{f}", "--data", "{t}/d", "--out", "{t}/o"],
+}
+
+
+def _refused(program: str, argv: list[str], file: Path, words: str, capfd) -> str:
+    capfd.readouterr()
+    code = _call(program, argv)
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and code == 2, (code, err)
+    assert lines[0].startswith(f"error: {file} {words}"), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("program", HF_READERS)
+@pytest.mark.parametrize("damage", HF_DAMAGES)
+def test_broken_hf_folder_gives_one_line_naming_the_file(
+    damage, program, model_folders, tmp_path, capfd, isolated_env, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    root, n = model_folders
+    source, name, hurt, words = HF_DAMAGES[damage]
+    folder = tmp_path / "hf"
+    shutil.copytree(root / source, folder)
+    file = folder / name.format(n=n)
+    hurt(file)
+    argv = [
+        a.replace("{f}", str(folder)).replace("{t}", str(tmp_path)) for a in HF_READERS[program]
+    ]
+    line = _refused(program, argv, file, words, capfd)
+    if damage != "shard-missing":  # a damaged file is fetched again; a missing one named
+        assert "download the folder again or export it again" in line, line
+
+
+@pytest.mark.parametrize("program", WEIGHTS_READERS)
+@pytest.mark.parametrize("damage", WEIGHTS_DAMAGES)
+def test_broken_weights_file_gives_one_line_naming_it(
+    damage, program, model_folders, tmp_path, capfd, isolated_env, monkeypatch
+):
+    """A weights folder without a checkpoint's marker (imported, or copied out of a run):
+    nothing recorded its size, so the file itself is checked."""
+    monkeypatch.chdir(tmp_path)
+    root, _ = model_folders
+    folder = tmp_path / "w"
+    shutil.copytree(root / "w", folder)
+    file = folder / "model.safetensors"
+    WEIGHTS_DAMAGES[damage](file)
+    argv = [
+        a.replace("{f}", str(folder)).replace("{t}", str(tmp_path))
+        for a in WEIGHTS_READERS[program]
+    ]
+    words = "is cut short" if damage == "cut" else "is not a safetensors file"
+    line = _refused(program, argv, file, words, capfd)
+    assert line.endswith("; write it again or use an earlier checkpoint"), line
+
+
 def _tool(name: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / "tools" / f"{name}.py"), *args],
@@ -764,6 +952,40 @@ def test_a_tool_as_a_program_gives_one_line_and_exit_2(tmp_path):
         r.stderr
     )
     assert "Traceback" not in r.stderr and str(bad) in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "record", "words"),
+    [
+        (
+            "tokenizer.json",
+            '{"model": 3}',
+            True,
+            "is not a tokenizer the tokenizers library reads (",
+        ),
+        ("tokenizer_config.json", "[]", False, "holds a JSON list, not an object"),
+    ],
+    ids=["tokenizer-refused", "hub-folder-tokenizer-config-list"],
+)
+def test_broken_tokenizer_through_import_hf_gives_one_line(
+    name, content, record, words, model_folders, tmp_path
+):
+    """`python tools/import_hf.py --hf` on an export whose tokenizer is damaged; without our
+    record in config.json (a folder from the Hub) tokenizer_config.json gives the eos token."""
+    root, _ = model_folders
+    folder = tmp_path / "hf"
+    shutil.copytree(root / "tok", folder)
+    if not record:
+        config = json.loads((folder / "config.json").read_text())
+        del config["pretrain"]
+        (folder / "config.json").write_text(json.dumps(config))
+    (folder / name).write_text(content)
+    r = _tool("import_hf", "--hf", str(folder), "--out", str(tmp_path / "o"), PRETRAIN_DEBUG="")
+    lines = r.stderr.strip().splitlines()
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: {folder / name} {words}"), lines[0]
+    assert lines[0].endswith("; download the folder again or export it again"), lines[0]
 
 
 def test_pretrain_debug_brings_the_traceback_back(tmp_path):

@@ -290,7 +290,7 @@ PATHS = {  # DeepSpeed's three step paths, and the private name each reads the n
 
 @pytest.mark.parametrize("zero_stage,precision", list(PATHS))
 def test_the_wrapper_sees_the_norm_before_any_update(process_group, zero_stage, precision):
-    """build_engine puts a SkipStepOptimizer where DeepSpeed steps; given a loss, DeepSpeed
+    """build_engine puts a SkipStepOptimizer where DeepSpeed steps; armed, DeepSpeed
     calls it once per step with the step's global norm readable and no weight changed yet, and
     a skip leaves the weights as they were. The norm is the one before clipping (above CLIP),
     the engine's own report of it where it keeps one."""
@@ -302,29 +302,28 @@ def test_the_wrapper_sees_the_norm_before_any_update(process_group, zero_stage, 
     masters = [p for g in inner.param_groups for p in g["params"]]
     seen = []
 
-    def judge(loss, norm):
-        seen.append((float(loss), norm, [m.detach().clone() for m in masters]))
+    def judge(norm):
+        seen.append((norm, [m.detach().clone() for m in masters]))
         return True
 
-    wrapper.judge = judge
     before = [m.detach().clone() for m in masters]
-    loss = _backward(engine)
-    wrapper.begin(loss)
+    _backward(engine)
+    wrapper.arm(judge)
     engine.step()
-    called, norm = wrapper.end()
+    called, norm = wrapper.disarm()
     assert called and len(seen) == 1, changed(name, "DeepSpeed did not call the wrapped step")
     ok = norm is not None and float(norm) > 2 * CLIP
     assert ok, changed(name, f"the step's norm read {norm!r}, not the norm before clipping")
     reported = engine.get_global_grad_norm()
     if reported is not None:
         assert float(norm) == float(reported), changed(name, f"{norm!r} != {reported!r}")
-    for m, b, s in zip(masters, before, seen[0][2], strict=True):
+    for m, b, s in zip(masters, before, seen[0][1], strict=True):
         assert torch.equal(s, b), changed(name, "a weight changed before the wrapped step")
         assert torch.equal(m, b), changed(name, "a skipped step changed a weight")
-    wrapper.judge = None  # record only: the next step applies its update
-    wrapper.begin(_backward(engine, 1))
+    _backward(engine, 1)
+    wrapper.arm(None)  # read the norm only: the next step applies its update
     engine.step()
-    assert wrapper.end()[0]
+    assert wrapper.disarm()[0]
     assert any(not torch.equal(m, b) for m, b in zip(masters, before, strict=True))
 
 
@@ -421,22 +420,21 @@ def test_the_wrapper_is_the_optimizer_it_wraps_to_deepspeed():
     assert all(p.grad is None for p in params)
 
 
-def test_a_skipped_step_changes_nothing_and_a_step_without_a_loss_passes_through():
+def test_a_skipped_step_changes_nothing_and_an_unarmed_step_passes_through():
     opt, params = _adamw()
     norms = iter([2.0, 3.0])
     wrapper = SkipStepOptimizer(opt, lambda: next(norms))
-    wrapper.judge = lambda loss, norm: loss > 1.0
     before = [p.detach().clone() for p in params]
-    wrapper.begin(torch.tensor(5.0))
+    wrapper.arm(lambda norm: norm < 2.5)
     wrapper.step()
     wrapper.step()  # ZeRO's second group: judged once, skipped too
-    assert wrapper.end() == (True, 2.0)
+    assert wrapper.disarm() == (True, 2.0)
     assert all(torch.equal(p, b) for p, b in zip(params, before, strict=True)) and not opt.state
-    wrapper.begin(torch.tensor(0.5))
+    wrapper.arm(lambda norm: norm < 2.5)
     wrapper.step()
-    assert wrapper.end() == (True, 3.0) and len(opt.state) == 2
-    wrapper.step()  # no loss given: not judged, not read
-    assert wrapper.end() == (False, None)
+    assert wrapper.disarm() == (True, 3.0) and len(opt.state) == 2
+    wrapper.step()  # not armed: not judged, not read
+    assert wrapper.disarm() == (False, None)
     assert all(int(s["step"]) == 2 for s in opt.state.values())
 
 

@@ -118,5 +118,5 @@ def test_a_weights_file_that_is_not_safetensors_is_one_line(tmp_path_factory, tm
     r = run_main(write_config(tmp_path / "run.yaml", cfg))
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "model.safetensors cannot be read" in lines[0], r.stderr
+    assert len(lines) == 1 and "model.safetensors is not a safetensors file" in lines[0], r.stderr
     assert "init_from=" in lines[0] and "Traceback" not in r.stderr

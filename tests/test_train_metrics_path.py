@@ -43,15 +43,13 @@ def test_step_metrics_read_once_judge_in_order_and_publish_each_step_once():
     guard = StepGuard(SpikesConfig(window=8))
     metrics = StepMetrics()
     for step in (1, 2, 3):
-        values = {
-            "train/loss": torch.tensor(float(step), dtype=torch.float64),
-            "train/grad_norm": torch.tensor(10.0 + step),
-            "train/z_loss": torch.tensor(0.5, dtype=torch.float64),
-            "progress/batch_token_sum": torch.tensor(100.0 * step, dtype=torch.float64),
-            "my/metric": torch.tensor(7.0 * step),  # a metric more: one name, no other edit
-        }
-        judged = Unjudged(step, step, values["train/loss"], values["train/grad_norm"], False)
-        metrics.record(_record(step, log=step == 3), values, judged)
+        metrics.open(step)
+        metrics.record("train/loss", torch.tensor(float(step), dtype=torch.float64))
+        metrics.record("train/z_loss", 0.5)
+        metrics.record("progress/batch_token_sum", torch.tensor(100.0 * step), "sum")
+        metrics.record("my/metric", torch.tensor(7.0 * step))  # a metric more: one call
+        metrics.record("train/grad_norm", torch.tensor(10.0 + step), "max")
+        metrics.close(_record(step, log=step == 3), Unjudged(step, step, False))
         if step == 2:
             read = metrics.read()  # what a save does
             assert [p.host["train/loss"] for p in read] == [1.0, 2.0]
@@ -66,26 +64,99 @@ def test_step_metrics_read_once_judge_in_order_and_publish_each_step_once():
     assert [o.step for o in outs] == [1, 2, 3] and list(guard.loss.history) == [1.0, 2.0, 3.0]
     assert [o.scalars["train/loss"] for o in outs] == [1.0, 2.0, 3.0]
     assert [o.scalars["train/grad_norm"] for o in outs] == [11.0, 12.0, 13.0]
+    assert list(guard.grad_norm.history) == [11.0, 12.0, 13.0]
     assert [o.verdict.step for o in outs] == [1, 2, 3]
     assert outs[2].scalars["progress/batch_token_sum"] == 300.0
     assert outs[2].scalars["train/z_loss"] == 0.5 and outs[2].scalars["train/lr"] == 0.1
     assert outs[2].scalars["my/metric"] == 21.0
     assert outs[2].scalars["spikes/skipped_steps"] == 0.0  # a logging step shows the count
     assert "spikes/skipped_steps" not in outs[1].scalars
-    # The order metrics.jsonl has always had: the record's, then the step's device values.
+    # The record's scalars, then the step's values in the order they were first recorded.
     assert list(outs[2].scalars)[:6] == [
         "train/lr",
         "train/loss",
-        "train/grad_norm",
         "train/z_loss",
         "progress/batch_token_sum",
         "my/metric",
+        "train/grad_norm",
     ]
     with pytest.raises(dataclasses.FrozenInstanceError):
         outs[0].step = 0
     with pytest.raises(TypeError):
         outs[0].scalars["train/loss"] = 0.0
     assert metrics.flush() == [] and metrics.pending == 0
+
+
+def test_a_metric_combines_by_its_reduction_and_stays_in_every_later_row():
+    """Recorded per micro batch, each reduction combines the step's records its own way; a
+    name recorded at step 2 only is NaN at step 3 (a column every sink writes, never a
+    shorter row: steps of 2, 3 and 2 names read together, matched by name); a name keeps its
+    reduction, and nothing is recorded between steps."""
+    metrics = StepMetrics()
+    micro = [1.0, 2.0, 6.0]
+    for step in (1, 2, 3):
+        metrics.open(step)
+        for x in micro:
+            for kind in ("mean", "sum", "max", "min"):
+                metrics.record(f"m/{kind}", torch.tensor(x * step), kind)
+        if step == 2:
+            metrics.record("train/grad_norm", float("inf"), "max")  # a skipped step's norm
+        metrics.close(_record(step), Unjudged(step, step, False))
+    steps = metrics.read()
+    got = [p.host for p in steps]
+    assert got[0] == {"m/mean": 3.0, "m/sum": 9.0, "m/max": 6.0, "m/min": 1.0}
+    assert got[1] == {"m/mean": 6.0, "m/sum": 18.0, "m/max": 12.0, "m/min": 2.0,
+                      "train/grad_norm": float("inf")}  # fmt: skip
+    assert got[2]["m/sum"] == 27.0 and list(got[2]) == list(got[1])
+    assert got[2]["train/grad_norm"] != got[2]["train/grad_norm"]  # NaN: not recorded
+    metrics.open(4)
+    metrics.record("m/max", float("nan"), "max")
+    metrics.record("m/max", 1.0, "max")  # a NaN is never hidden by a larger value
+    assert torch.isnan(metrics.current("m/max"))
+    with pytest.raises(ValueError, match=r"'m/max' is recorded with reduce='sum', but it was"):
+        metrics.record("m/max", 1.0, "sum")
+    with pytest.raises(ValueError, match=r"reduce='median'; choose one of mean, sum, max, min"):
+        metrics.record("m/other", 1.0, "median")  # type: ignore[arg-type]
+    metrics.close(_record(4), Unjudged(4, 4, False))
+    with pytest.raises(RuntimeError, match="'late' recorded between steps"):
+        metrics.record("late", 1.0)
+
+
+def _reduce_on_rank(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from pretrain.train.metrics import reduce_over_ranks
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # Two steps x four names: rank 1's second step has a NaN mean (one rank's NaN loss).
+    mine = torch.tensor([[1.0 + rank, 10.0 * (rank + 1), 5.0 - rank, 3.0 + rank],
+                         [2.0, float("nan") if rank else 4.0, 7.0, -1.0 * rank]],
+                        dtype=torch.float64)  # fmt: skip
+    got = reduce_over_ranks(mine, ["mean", "sum", "max", "min"], 2)
+    out.put((rank, got.tolist()))
+    dist.destroy_process_group()
+
+
+def test_values_reduce_over_two_ranks_in_one_gather():
+    """reduce_over_ranks on two gloo ranks: each column by its reduction, a NaN on one rank
+    stays NaN; both ranks get the same matrix."""
+    import multiprocessing as mp
+
+    from warm_start import free_port
+
+    ctx = mp.get_context("fork")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_reduce_on_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert results[0] == results[1] or str(results[0]) == str(results[1])  # NaN != NaN
+    first, second = results[0]
+    assert first == [1.5, 30.0, 5.0, 3.0]
+    assert second[0] == 2.0 and second[1] != second[1] and second[2:] == [7.0, -1.0]
 
 
 class Recorder(Callback):
@@ -228,3 +299,32 @@ def test_a_callbacks_entry_must_name_a_callback_or_an_evaluator():
         from pretrain.train.evaluators import PositionEvaluation
 
         PositionEvaluation(0)
+
+
+def test_the_loss_path_is_what_the_docs_say(tmp_path, tmp_path_factory, isolated_env):
+    """The holders of a step's loss from the model to the TensorBoard sink, measured by
+    tests/value_path.py (a marker loss followed under sys.settrace), are docs/architecture.md's
+    table, in order, and at most 8; the guard holds nothing of the step but its verdict and
+    its window."""
+    import re
+
+    from train_support import REPO
+    from value_path import trace_loss_path
+
+    raw = tiny_config(
+        tmp_path / "run",
+        stdlib_data(tmp_path_factory),
+        train={"train_iters": 2, "eval_interval": 0, "hang_timeout": 0},
+        schedule={"warmup_steps": 1},
+        logging={"log_interval": 1, "max_logit_interval": 0},
+    )
+    tracer = trace_loss_path(from_dict(Config, raw))
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    table = doc.split("<!-- loss-path -->")[1].split("<!-- /loss-path -->")[0]
+    documented = re.findall(r"^\| \d+ \| `([^`]+)` \|", table, re.MULTILINE)
+    assert tracer.done, "the marker never reached the TensorBoard sink"
+    assert tracer.attributes == documented, tracer.attributes
+    assert len(tracer.attributes) <= 8
+    assert f"{len(documented)} holders:" in doc
+    assert f"({len(tracer.locals)} of them" in doc
+    assert not any(h.startswith(("StepGuard.", "SkipStepOptimizer.")) for h in tracer.attributes)

@@ -304,8 +304,12 @@ def test_rank_lists_stay_short():
             "blocks for good",
         ),
         (
-            {"spikes": {"faults": [{"step": 2, "kind": "nan", "rank": 0}]}},
-            "rank and seconds are for kind hang or slow",
+            {"spikes": {"faults": [{"step": 2, "kind": "nan", "seconds": 1.0}]}},
+            "seconds is for kind slow; remove it from a nan fault",
+        ),
+        (
+            {"spikes": {"faults": [{"step": 2, "kind": "nan", "rank": 2}]}},
+            "a nan fault on one rank names one of 0 to 1",
         ),
         (
             {

@@ -8,9 +8,10 @@
 Modules: targets/ (one module per transformers class an export can be written as: llama,
 neox, smollm3, remote; each says which models it holds, its config, its weight names and
 layouts), convert (the dispatch over targets: choice, configs, state dicts), folder (writing and
-reading folders, sharded safetensors; in-memory to_hf / from_hf), tokenizer (our tokenizers
-as tokenizer.json), card (README.md), check (parity), remote_code/ (RopeLM: the
-configuration and modeling files copied into exports). The programs are
+reading folders, sharded safetensors; in-memory to_hf / from_hf), files (a folder's JSON files,
+a damaged one refused in one line), tokenizer (our tokenizers as tokenizer.json), card
+(README.md), check (parity), remote_code/ (RopeLM: the configuration and modeling files
+copied into exports). The programs are
 pretrain/cli/export_hf.py and import_hf.py (tools/export_hf.py, tools/import_hf.py).
 """
 

@@ -13,6 +13,9 @@ An export folder holds
 
 Reading a folder runs none of its code: the config is read with our own copy of the
 RopeLM config class (or transformers' native ones), the weights straight from safetensors.
+A damaged folder (a config.json, index or tokenizer file that is not a JSON object, a
+tokenizer.json the `tokenizers` library refuses, a weights file or shard that is missing, cut
+short or not safetensors) is refused in one line naming the file (files.py, tokenizer.py).
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from pretrain.hf.convert import (
     hf_config,
     to_hf_state_dict,
 )
+from pretrain.hf.files import REFETCH, read_json_object
 from pretrain.hf.targets import get_target
 from pretrain.hf.targets.remote import REMOTE_CODE_DIR
 from pretrain.hf.tokenizer import TokenizerExportError, read_hf_tokenizer, write_hf_tokenizer
 from pretrain.model.transformer import Transformer
+from pretrain.weights import open_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +264,12 @@ def read_hf_config(path: str | Path):
     file = path / CONFIG_NAME
     if not file.is_file():
         raise HFConversionError(f"{path} has no {CONFIG_NAME}; not a Hugging Face model folder")
-    kind = json.loads(file.read_text()).get("model_type")
+    data = read_json_object(file)
+    if not isinstance(data.get(RECORD_KEY, {}), dict):
+        raise HFConversionError(
+            f"{file} holds a {RECORD_KEY!r} record that is not an object ({{...}}); {REFETCH}"
+        )
+    kind = data.get("model_type")
     if kind not in TARGETS:
         raise HFConversionError(
             f"{path}: model_type {kind!r} is not supported; use one of {', '.join(TARGETS)}"
@@ -272,11 +282,9 @@ class SafetensorsWeights(Mapping):
     conversion never holds the model twice."""
 
     def __init__(self, files: list[Path]):
-        from safetensors import safe_open
-
         self._where: dict[str, Any] = {}
-        for f in files:
-            handle = safe_open(str(f), framework="pt")
+        for f in files:  # each checked whole first: a cut shard fails here, in one line
+            handle = open_safetensors(f, REFETCH)
             self._where.update(dict.fromkeys(handle.keys(), handle))
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -293,7 +301,12 @@ def read_hf_weights(path: str | Path) -> SafetensorsWeights:
     """A folder's safetensors weights (one file, or the shards its index names)."""
     path = Path(path)
     if (path / INDEX_NAME).is_file():
-        files = sorted(set(json.loads((path / INDEX_NAME).read_text())["weight_map"].values()))
+        weight_map = read_json_object(path / INDEX_NAME).get("weight_map")
+        if not weight_map or not isinstance(weight_map, dict):
+            raise HFConversionError(
+                f"{path / INDEX_NAME} has no weight_map (tensor name -> shard file); {REFETCH}"
+            )
+        files = sorted({str(f) for f in weight_map.values()})
     elif (path / WEIGHTS_NAME).is_file():
         files = [WEIGHTS_NAME]
     else:
@@ -305,7 +318,9 @@ def read_hf_weights(path: str | Path) -> SafetensorsWeights:
         raise HFConversionError(f"{path} has no {WEIGHTS_NAME} or {INDEX_NAME}{hint}")
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
-        raise HFConversionError(f"{path / missing[0]} is missing (named in {INDEX_NAME})")
+        raise HFConversionError(
+            f"{path / missing[0]} is missing (named in {INDEX_NAME}); {REFETCH}"
+        )
     return SafetensorsWeights([path / f for f in files])
 
 

@@ -35,6 +35,8 @@ from pretrain.data.tokenizer import (
     Tokenizer,
 )
 from pretrain.errors import UserError
+from pretrain.hf.files import REFETCH, read_json_object
+from pretrain.hf.targets.base import HFConversionError
 
 log = logging.getLogger(__name__)
 
@@ -163,32 +165,70 @@ def write_hf_tokenizer(tok: Tokenizer, out: str | Path, max_length: int | None =
     return [TOKENIZER_JSON, TOKENIZER_CONFIG]
 
 
+def _refused(path: Path, error: Exception) -> HFConversionError:
+    """The `tokenizers` library's refusal of a tokenizer.json, in one line naming the file."""
+    reason = " ".join(str(error).split()) or type(error).__name__
+    return HFConversionError(
+        f"{path} is not a tokenizer the tokenizers library reads ({reason}); {REFETCH}"
+    )
+
+
+def _char_vocab(path: Path) -> list[str]:
+    """The characters of a chars tokenizer's tokenizer.json, in id order."""
+    model = read_json_object(path).get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not (
+        isinstance(vocab, dict)
+        and vocab
+        and all(isinstance(c, str) and len(c) == 1 and type(i) is int for c, i in vocab.items())
+    ):
+        raise HFConversionError(
+            f"{path} has no model.vocab of single characters (character -> id), as its "
+            f"characters tokenizer needs; {REFETCH}"
+        )
+    return sorted(vocab, key=vocab.get)
+
+
+def _eos_token(folder: Path) -> str | None:
+    """tokenizer_config.json's eos_token (a string, or an added token's content), if any."""
+    file = folder / TOKENIZER_CONFIG
+    if not file.is_file():
+        return None
+    eos = read_json_object(file).get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    return eos if isinstance(eos, str) and eos else None
+
+
 def read_hf_tokenizer(folder: str | Path, record: dict[str, Any] | None = None) -> Tokenizer | None:
     """Our tokenizer from a Hugging Face folder, or None when it has no tokenizer.json.
 
     `record` is the tokenizer description export stored in config.json (kind, name, sha256):
-    it restores the same kind of tokenizer; without it a tokenizer.json is read as is.
+    it restores the same kind of tokenizer; without it a tokenizer.json is read as is. A
+    tokenizer.json or tokenizer_config.json that is damaged (not a JSON object, or not a
+    tokenizer the `tokenizers` library reads) is refused in one line naming the file.
     """
     folder = Path(folder)
     path = folder / TOKENIZER_JSON
     if not path.is_file():
         return None
-    record = record or {}
+    record = record if isinstance(record, dict) else {}
     kind, name = record.get("kind"), record.get("name")
     if kind == "bytes":
         tok: Tokenizer = ByteTokenizer()
     elif kind == "chars":
-        vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
-        tok = CharTokenizer(sorted(vocab, key=vocab.get), name or "chars")
+        tok = CharTokenizer(_char_vocab(path), name or "chars")
     else:
-        eos = None
-        if (folder / TOKENIZER_CONFIG).is_file():
-            eos = json.loads((folder / TOKENIZER_CONFIG).read_text(encoding="utf-8")).get(
-                "eos_token"
-            )
-            eos = eos.get("content") if isinstance(eos, dict) else eos
+        read_json_object(path)  # not JSON, not text, a list: the same line as config.json's
+        data = path.read_bytes()
+        try:
+            from tokenizers import Tokenizer as Rust
+
+            Rust.from_str(data.decode("utf-8"))
+        except Exception as e:  # the Rust error says what is wrong with it
+            raise _refused(path, e) from None
+        eos = _eos_token(folder)  # read even when the record names it: a damaged file is told
         tok = HFTokenizer(
-            path.read_bytes(), name or folder.name, record.get("eod_token") or eos, source=str(path)
+            data, name or folder.name, record.get("eod_token") or eos, source=str(path)
         )
     if record.get("sha256") and record["sha256"] != tok.sha256:
         log.warning(

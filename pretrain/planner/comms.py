@@ -24,8 +24,9 @@ source (file:line of 0.19.8 below) and checked exactly against its logger on 2 a
   (runtime/utils.py:1008: the logger records the rank's input shard, not the gathered tensor).
   `allgather_bucket_size` is not read where torch has all_gather_into_tensor (utils.py:1021).
 
-Not DeepSpeed's, so not in its logger: the trainer's one all-reduce of the step's loss sums
-(`TRAINER_SUMS`), and a checkpoint save's tag check and barriers.
+Not DeepSpeed's, so not in its logger: the trainer's one all-reduce per step of its stop
+flag and loss (`TRAINER_SUMS`), the metrics' gather at a logging step (a few hundred bytes a
+rank), and a checkpoint save's tag check and barriers.
 
 Time: each collective's from `Fabric.time` (pretrain/planner/network.py). What the backward
 hides: with `overlap_comm` (ZeRO 1/2), buckets reduce on a side stream while the backward goes
@@ -52,7 +53,7 @@ from pretrain.train.engine import deepspeed_config, param_groups
 DS_FALLBACK_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE: ZeRO 0's and BF16_Optimizer's
 DEFAULT_REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size's default
 COMM_BYTES = 4  # every setting the toolkit makes communicates fp32 (communication_data_type)
-TRAINER_SUMS = 3 * 8  # the trainer's own all-reduce per step: loss, tokens, z-loss in fp64
+TRAINER_SUMS = 2 * 8  # the trainer's own all-reduce per step: the stop flag and the loss, fp64
 
 # When a collective runs: in the backward (per micro step or at its last), after the last
 # backward, or with the optimizer step.

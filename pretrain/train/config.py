@@ -252,12 +252,14 @@ class FaultConfig(Section):
     """The data step of the fault (>= 1)."""
     last: Int | None = None
     """Data steps step..last (null = step only); not for hang."""
-    kind: Literal["nan", "scale_loss", "scale_grads", "noise", "hang", "slow"] = "scale_loss"
-    """nan: the loss is NaN; scale_loss: the loss and its gradients x factor; scale_grads: the gradients only; noise: random token ids (bad data); hang: rank `rank` blocks for good (once per run folder); slow: rank `rank` sleeps `seconds` before each forward."""
+    kind: Literal["nan", "scale_loss", "scale_grads", "inf_grads", "noise", "hang", "slow"] = (
+        "scale_loss"
+    )
+    """nan: the loss is NaN; scale_loss: the loss and its gradients x factor; scale_grads: the gradients only; inf_grads: the gradients are not finite, the loss is (an overflow); noise: random token ids (bad data); hang: rank `rank` blocks for good (once per run folder); slow: rank `rank` sleeps `seconds` before each forward."""
     factor: Float = 100.0
     """scale_loss and scale_grads: the multiplier."""
     rank: Int | None = None
-    """hang and slow only: the rank that stalls."""
+    """hang and slow: the rank that stalls; a data fault: the one rank whose batch it corrupts (null = every rank)."""
     seconds: Float | None = None
     """slow only: the delay per step."""
 
@@ -279,12 +281,13 @@ class FaultConfig(Section):
                 raise ConfigError(
                     f"{key}: a hang fault blocks for good at its step; remove seconds and last"
                 )
-        elif self.rank is not None or self.seconds is not None:
+        elif self.seconds is not None:
             raise ConfigError(
-                f"{key}: rank and seconds are for kind hang or slow; a {self.kind} fault "
-                f"corrupts the data of every rank: remove them"
+                f"{key}: seconds is for kind slow; remove it from a {self.kind} fault"
             )
-        elif self.kind != "nan" and not (math.isfinite(self.factor) and self.factor != 0):
+        elif self.kind not in ("nan", "inf_grads") and not (
+            math.isfinite(self.factor) and self.factor != 0
+        ):
             raise ConfigError(f"{key}.factor={self.factor} must be finite and non-zero")
 
 

@@ -1,15 +1,19 @@
-"""One path for a step's values: recorded by name on the device, read once, published once.
+"""One path for a step's values: recorded by name on the device, reduced and read once,
+published once.
 
     StepRecord     what the loop knows of a step on the host as it ends (step, lr, tokens,
                    stopping, evaluation results); callbacks add host scalars to it in
                    on_step_end (speed, attention logits, a user's own)
-    StepMetrics    the steps taken and not yet published: each step's named device scalars
-                   (the names the sinks write: train/loss, progress/batch_token_sum, ...)
-                   and the spike guard's verdict or the values it will judge. `read()`
-                   brings the unread steps to the host in one transfer and returns them
-                   (nothing else: TrainModule.settle hands their values to the guard);
-                   `flush()` returns every step, settled, as a StepOutput, in step order,
-                   exactly once (pretrain/train/publish.py sends them to the sinks)
+    StepMetrics    the step being taken and the steps taken and not yet published.
+                   `record(name, value, reduce)` from anywhere in the step, on every rank
+                   (train/loss and train/z_loss per micro batch, progress/batch_token_sum,
+                   train/grad_norm, a user's own): combined within the step and over the
+                   ranks by `reduce` (mean, sum, max, min); `close` ends the step's row.
+                   `read()` reduces the unread steps over the ranks in one collective,
+                   brings them to the host in one transfer and returns them (nothing else:
+                   TrainModule.settle hands their values to the guard); `flush()` returns
+                   every step, settled, as a StepOutput, in step order, exactly once
+                   (pretrain/train/publish.py sends them to the sinks)
 
 Why on the device until a flush: on a GPU, reading a value the step computed (`float(loss)`)
 waits until the GPU has run everything queued before it, and the GPU then idles while the
@@ -21,17 +25,25 @@ the step's other callbacks added their scalars): the trainer settles the steps o
 pre-emption flag is needed every step and goes its own way (TrainModule.stop_requested).
 tests/test_train_module.py counts the host reads of a run.
 
-OLMo-core's trainer has the same shape: modules record metrics as device tensors, the
-trainer reduces and reads them at its log interval and hands callbacks plain floats.
+Why by name: a step's row is matched to its names by name, never by position, so a step
+that records a value its neighbours do not (a norm DeepSpeed skipped on, a metric of a
+later phase) can never shift another's column; a name once recorded is in every later row,
+NaN where a step lacks it.
+
+OLMo-core's trainer has the same shape: modules record metrics with their reduction as
+device tensors, the trainer reduces all of them in one collective at its log interval and
+hands callbacks plain floats.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
+import torch.nn.functional as F
 
 from pretrain.train.records import StepOutput
 
@@ -40,7 +52,7 @@ if TYPE_CHECKING:
 
     from pretrain.train.spikes import Unjudged, Verdict
 
-# What the guard judges: published from its verdict (a norm DeepSpeed skipped on is inf).
+# What the guard judges (a norm DeepSpeed skipped on is recorded as inf).
 LOSS, GRAD_NORM = "train/loss", "train/grad_norm"
 
 
@@ -103,32 +115,91 @@ def spike_report(v: Verdict, log: bool) -> tuple[dict[str, float], list[str]]:
     return sc, lines
 
 
+Reduce = Literal["mean", "sum", "max", "min"]
+REDUCTIONS: tuple[Reduce, ...] = ("mean", "sum", "max", "min")
+
+
 @dataclass
 class PendingStep:
     """A step taken and not yet published."""
 
     record: StepRecord
-    names: tuple[str, ...]  # of `values`' rows
-    values: torch.Tensor  # float64, one per name, on the device
+    values: torch.Tensor  # float64 on the device: the run's first `len(values)` names, in order
     judged: Verdict | Unjudged
-    host: dict[str, float] | None = None  # `values` by name, once read
+    host: dict[str, float] | None = None  # by name, reduced over the ranks, once read
     verdict: Verdict | None = None  # once judged (TrainModule.settle)
 
 
 class StepMetrics:
-    """The steps taken and not yet published; see the module docstring."""
+    """The steps taken and not yet published; see the module docstring.
 
-    def __init__(self) -> None:
+    A value is recorded by name with how it combines (`record(name, value, reduce)`), from
+    anywhere in the step, on every rank: repeated within a step (once per micro batch) it
+    combines by the same reduction (the mean of the micro batches' losses), and at the read
+    every rank's step values are combined by it too. Every rank must record the same names
+    (the values' collective is the ranks' own, as every collective is). Once recorded, a name
+    is in every later step's row: a step that did not record it shows NaN (a non-finite
+    value every sink writes), never a missing column; rows are matched by name, never by
+    position."""
+
+    def __init__(self, device: torch.device | None = None, world_size: int = 1) -> None:
+        self.device = device or torch.device("cpu")
+        self.world_size = world_size
+        self.kinds: dict[str, Reduce] = {}  # every name recorded in the run, in first-seen order
+        self._open: dict[str, tuple[torch.Tensor, int]] = {}  # this step's: (combined, count)
+        self._taking: int | None = None  # the step being taken (open ... close)
         self._steps: list[PendingStep] = []
         self._unread = 0  # the newest steps whose values are still on the device
 
-    def record(
-        self, record: StepRecord, values: dict[str, torch.Tensor], judged: Verdict | Unjudged
-    ) -> None:
-        """A step's named device scalars (0-d tensors) and the guard's verdict, or the
-        values it will judge, kept until published."""
-        row = torch.stack([v.reshape(()).to(torch.float64) for v in values.values()])
-        self._steps.append(PendingStep(record, tuple(values), row, judged))
+    def open(self, step: int) -> None:
+        """Step `step` is being taken: values recorded from now on are its."""
+        self._taking, self._open = step, {}
+
+    def record(self, name: str, value: torch.Tensor | float, reduce: Reduce = "mean") -> None:
+        """Record `value` (a 0-d tensor, left on its device, or a number) under `name` in the
+        step being taken; `reduce` says how records of it combine: within the step and then
+        over the ranks. A name keeps the reduction it was first recorded with."""
+        if self._taking is None:
+            raise RuntimeError(
+                f"metric {name!r} recorded between steps: a value of a step is recorded while "
+                f"it is taken (its forward, backward and update); a callback's figures after "
+                f"the step go into the StepRecord's scalars in on_step_end"
+            )
+        if reduce not in REDUCTIONS:
+            raise ValueError(
+                f"metric {name!r}: reduce={reduce!r}; choose one of {', '.join(REDUCTIONS)}"
+            )
+        kind = self.kinds.setdefault(name, reduce)
+        if kind != reduce:
+            raise ValueError(
+                f"metric {name!r} is recorded with reduce={reduce!r}, but it was recorded with "
+                f"reduce={kind!r} before; a name keeps one reduction"
+            )
+        v = torch.as_tensor(value).detach().to(self.device, torch.float64).reshape(())
+        if name in self._open:
+            acc, n = self._open[name]
+            if kind in ("mean", "sum"):
+                acc = acc + v
+            else:  # torch.maximum / minimum keep a NaN: a bad value is never hidden
+                acc = torch.maximum(acc, v) if kind == "max" else torch.minimum(acc, v)
+            self._open[name] = (acc, n + 1)
+        else:
+            self._open[name] = (v, 1)
+
+    def current(self, name: str) -> torch.Tensor:
+        """This rank's value of `name` in the step being taken, so far (not reduced over
+        ranks): what the trainer's per-step collective sends of the loss."""
+        acc, n = self._open[name]
+        return acc / n if self.kinds[name] == "mean" else acc
+
+    def close(self, record: StepRecord, judged: Verdict | Unjudged) -> None:
+        """The step is taken: its row holds every name recorded in the run so far (NaN where
+        this step recorded none), kept on the device until read."""
+        nan = torch.full((), math.nan, dtype=torch.float64, device=self.device)
+        row = [self.current(k) if k in self._open else nan for k in self.kinds]
+        values = torch.stack(row) if row else torch.zeros(0, dtype=torch.float64)
+        self._steps.append(PendingStep(record, values, judged))
+        self._open, self._taking = {}, None
         self._unread += 1
 
     @property
@@ -142,15 +213,22 @@ class StepMetrics:
         return [p.record.step for p in self._steps if p.verdict is None]
 
     def read(self) -> list[PendingStep]:
-        """The unread steps, their values brought to the host in one transfer."""
+        """The unread steps, reduced over the ranks in one collective and brought to the host
+        in one transfer. Every rank calls it at the same steps."""
         if not self._unread:
             return []
         todo = self._steps[-self._unread :]
         self._unread = 0
-        # Steps may differ in names only if the config changed mid-run, which it cannot.
-        rows = torch.stack([p.values for p in todo]).tolist()
+        names, width = list(self.kinds), len(self.kinds)
+        matrix = torch.stack(
+            [
+                F.pad(p.values.to(self.device), (0, width - len(p.values)), value=math.nan)
+                for p in todo
+            ]
+        )
+        rows = reduce_over_ranks(matrix, [self.kinds[k] for k in names], self.world_size).tolist()
         for p, row in zip(todo, rows, strict=True):
-            p.host = dict(zip(p.names, row, strict=True))
+            p.host = dict(zip(names[: len(p.values)], row, strict=False))
         return todo
 
     def flush(self) -> list[StepOutput]:
@@ -165,15 +243,30 @@ class StepMetrics:
     def drop(self) -> None:
         """Forget the steps not yet published (a run that failed on the device)."""
         self._steps.clear()
+        self._open, self._taking = {}, None
         self._unread = 0
+
+
+def reduce_over_ranks(matrix: torch.Tensor, kinds: list[Reduce], world_size: int) -> torch.Tensor:
+    """`matrix` (steps x names) combined over the ranks, column by column as `kinds` says, in
+    one collective: an all_gather of every rank's matrix (a few hundred bytes a rank at a
+    logging step), so that sums, means, maxima and minima need not be one all-reduce each.
+    A NaN on any rank stays NaN, whatever the reduction."""
+    if world_size == 1 or not torch.distributed.is_initialized():
+        return matrix
+    parts = [torch.empty_like(matrix) for _ in range(world_size)]
+    torch.distributed.all_gather(parts, matrix.contiguous())
+    every = torch.stack(parts)
+    kind = torch.tensor([REDUCTIONS.index(k) for k in kinds], device=matrix.device)
+    total = every.sum(0)
+    out = torch.where(kind == 0, total / world_size, total)
+    out = torch.where(kind == 2, every.amax(0), out)
+    return torch.where(kind == 3, every.amin(0), out)
 
 
 def _output(p: PendingStep) -> StepOutput:
     r, v = p.record, p.verdict
-    scalars = {**r.scalars, LOSS: v.loss}
-    if v.grad_norm is not None:
-        scalars[GRAD_NORM] = v.grad_norm
-    scalars.update((k, x) for k, x in p.host.items() if k not in (LOSS, GRAD_NORM))
+    scalars = {**r.scalars, **p.host}
     spike_scalars, lines = spike_report(v, r.log)
     scalars.update(spike_scalars)
     return StepOutput(
@@ -186,4 +279,14 @@ def _output(p: PendingStep) -> StepOutput:
     )
 
 
-__all__ = ["GRAD_NORM", "LOSS", "PendingStep", "StepMetrics", "StepRecord", "spike_report"]
+__all__ = [
+    "GRAD_NORM",
+    "LOSS",
+    "REDUCTIONS",
+    "PendingStep",
+    "Reduce",
+    "StepMetrics",
+    "StepRecord",
+    "reduce_over_ranks",
+    "spike_report",
+]

@@ -7,19 +7,20 @@ to read, when to save, evaluate and roll back; it never touches the engine's num
 (OLMo-core splits its Trainer and TrainModule the same way.)
 
     module = TrainModule(cfg, engine, world_size, faults)
-    for each micro batch:  loss, z = module.forward_backward(x, y, data_step, micro)
+    module.metrics.open(step)
+    for each micro batch:  module.forward_backward(x, y, data_step, micro)  # loss recorded
                            module.micro_step()            # not on the last micro batch
-    sums = all_reduce_named({loss, stop, batch_token_sum, z_loss})   # the trainer's one collective
+    sums = all_reduce_named({stop, loss})                 # the trainer's one collective
     stopping = module.stop_requested(sums["stop"])        # the previous step's flag, no wait
-    module.optimizer_step(record, data_step, sums)        # the guard may skip the update;
-                                                          # the step's values recorded on device
+    module.optimizer_step(record, data_step, loss)        # the guard may skip the update;
+                                                          # the grad norm recorded, row closed
     module.settle()                                       # at flushes and saves: read, judged
     module.metrics.flush()                                # at logging steps: StepOutputs, once
 
 No wait for the GPU per step: the step's values stay on the device until the trainer's
 flush (metrics.py says when and why). The pre-emption flag is needed every step: it is
 copied to the host without waiting, and read one step later (`stop_requested`). What still
-waits: the guard with spikes.skip_step or rollback_after (StepGuard.synchronous),
+waits: the guard with spikes.skip_step (StepGuard.synchronous),
 DeepSpeed's own overflow check of bf16 ZeRO 0/1 and fp32 ZeRO 1/2 (a host read of a flag in
 its step), the first step's stop flag, and what a callback reads (evaluation, probes).
 tests/test_train_module.py counts the host reads of a run.
@@ -59,7 +60,7 @@ class TrainModule:
         # at logging steps: the trainer times reading the batches and its collective, the
         # module the forward, backward and optimizer parts.
         self.timer = PartTimer(next(self.model.parameters()).device)
-        self.metrics = StepMetrics()
+        self.metrics = StepMetrics(next(self.model.parameters()).device, world_size)
         self._stop_copy: tuple[torch.Tensor, Any] | None = None  # (host copy, CUDA event)
 
     @property
@@ -74,9 +75,10 @@ class TrainModule:
         data_step: int,
         micro: int,
         batch: dict[str, Any] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> None:
         """Loss of one micro batch and its backward (DeepSpeed reduces the gradients at the
-        accumulation boundary). Returns the detached cross-entropy and z-loss term in fp64.
+        accumulation boundary); the cross-entropy (and the z-loss term) recorded as the step's
+        train/loss (train/z_loss), averaged over the micro batches and the ranks.
         `batch` gives the document inputs where the data switches are on (document ids,
         positions). A configured fault (spikes.faults) corrupts the batch or the loss on
         purpose, or stalls this rank."""
@@ -88,36 +90,31 @@ class TrainModule:
         loss, objective = self.faults.loss(loss, data_step)
         with self.timer.part("backward"):
             self.engine.backward(objective)
-        z_term = z_term.double()
-        return loss.detach().double() - z_term, z_term
+        # The loss reported is the cross-entropy; the z term has a metric of its own.
+        z_term = z_term.detach().double()
+        self.metrics.record(LOSS, loss.detach().double() - z_term, "mean")
+        if self.cfg.train.z_loss:
+            self.metrics.record("train/z_loss", z_term, "mean")
 
     def micro_step(self) -> None:
         """DeepSpeed counts micro steps; off the accumulation boundary it updates nothing."""
         with self.timer.part("optimizer"):
             self.engine.step()
 
-    def optimizer_step(
-        self, record: StepRecord, data_step: int, sums: dict[str, torch.Tensor]
-    ) -> None:
-        """The update, unless the guard judges the step a spike (loss known, grad norm after
-        the engine computed it) and withholds it. `sums`: the step's all-reduced sums (the
-        trainer's collective: loss, batch_token_sum, z_loss), left on the device and
-        recorded with the step's gradient norm in `metrics`."""
-        loss = sums["loss"] / self.world_size
-        self.guard.begin(record.step, data_step, loss)
-        with self.timer.part("optimizer"):
-            self.engine.step()
-        judged = self.guard.finish()
-        # Named as the sinks write them; a metric more is a line more here. The loss and
-        # DeepSpeed's norm (a device tensor; a float or None stays with the verdict) are
-        # what the guard judges, and are published from its verdict.
-        values = {LOSS: loss}
-        if isinstance(judged.grad_norm, torch.Tensor):
-            values[GRAD_NORM] = judged.grad_norm
-        if self.cfg.train.z_loss:
-            values["train/z_loss"] = sums["z_loss"] / self.world_size
-        values["progress/batch_token_sum"] = sums["batch_token_sum"]
-        self.metrics.record(record, values, judged)
+    def optimizer_step(self, record: StepRecord, data_step: int, loss: torch.Tensor) -> None:
+        """The update, unless the guard judges the step a spike and withholds it
+        (spikes.skip_step; `loss`, the step's all-reduced mean loss, is what it judges
+        then). The step's gradient norm is recorded (inf where DeepSpeed skipped the update),
+        and the step's values closed (StepMetrics.close)."""
+
+        def run_step() -> None:
+            with self.timer.part("optimizer"):
+                self.engine.step()
+
+        judged, norm = self.guard.guarded_step(record.step, data_step, loss, run_step)
+        if norm is not None:
+            self.metrics.record(GRAD_NORM, norm, "max")  # global: the same on every rank
+        self.metrics.close(record, judged)
 
     def settle(self) -> None:
         """The steps not yet read brought to the host (one transfer) and judged by the guard."""
@@ -140,8 +137,8 @@ class TrainModule:
             previous[1].synchronize()
         return previous[0].item() > 0
 
-    def rollback_due(self, step: int) -> tuple[int, int] | None:
-        return self.guard.rollback_due(step)
+    def rollback_due(self) -> tuple[int, int, int] | None:
+        return self.guard.rollback_due()
 
     def forget_flags(self) -> None:
         self.guard.forget_flags()
@@ -170,8 +167,7 @@ def settle(steps: list[PendingStep], guard: StepGuard) -> None:
     for p in steps:
         judged = p.judged
         if isinstance(judged, Unjudged):
-            norm = p.host.get(GRAD_NORM, judged.grad_norm)
-            p.verdict = guard.judge(judged, p.host[LOSS], norm)
+            p.verdict = guard.judge(judged, p.host[LOSS], p.host.get(GRAD_NORM))
         else:
             p.verdict = judged
 

@@ -8,8 +8,8 @@
 
 The trainer publishes the steps at each flush (pretrain/train/metrics.py says when), a
 rollback once it has loaded the checkpoint, and the hang watchdog its verdict. A new sink is
-one class with `write`; a new device metric is one name in TrainModule.optimizer_step's values
-(pretrain/train/module.py), which reaches every sink as a scalar of that name. Callbacks see
+one class with `write`; a new metric is one call, `record_metric(name, value, reduce)`
+(pretrain/train/metrics.py), which reaches every sink as a scalar of that name. Callbacks see
 the same StepOutputs in `on_values`, after the sinks.
 
 Rank 0 writes the files; every rank's console prints a Notice (the rank that judged a hang

@@ -87,12 +87,12 @@ def plan_rollback(
     first: tuple[int, int],
     log: Log,
 ) -> tuple[Rollback, str] | None:
-    """(record, checkpoint tag) of a rollback at `at` = (step, consumed samples) for a run of
-    spikes starting at `first` = (step, data step): back to the newest intact checkpoint
-    before the first spike, never to train on the data from the first spike's data step -
-    rollback_skip_before to the current one + rollback_skip_after. None, with a warning, when
+    """(record, checkpoint tag) of a rollback at `at` = (step, the data step that completed the
+    episode) for a run of spikes starting at `first` = (step, data step): back to the newest
+    intact checkpoint before the first spike, never to train on the data from the first
+    spike's data step - rollback_skip_before to the completing one + rollback_skip_after. None, with a warning, when
     spikes.max_rollbacks is reached or no checkpoint is old enough."""
-    c, (step, consumed), (first_step, first_data_step) = cfg.spikes, at, first
+    c, (step, last_data_step), (first_step, first_data_step) = cfg.spikes, at, first
     if len(rollbacks) >= c.max_rollbacks:
         log(
             f"warning: not rolling back at step {step}: spikes.max_rollbacks={c.max_rollbacks} "
@@ -116,7 +116,7 @@ def plan_rollback(
     resume_data_step = read_state(layout.checkpoints / tag)["consumed_samples"] // gbs + 1
     skip = (
         max(resume_data_step, first_data_step - c.rollback_skip_before),
-        consumed // gbs + c.rollback_skip_after,
+        last_data_step + c.rollback_skip_after,
     )
     record = Rollback(len(rollbacks) + 1, step, tag_step(tag), first_step, skip)
     log(

@@ -17,6 +17,7 @@ import json
 import math
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -268,9 +269,26 @@ class TensorBoard(Sink):
 
 
 def _summary_writer(folder: str, purge_step: int | None):
+    """A writer whose event file TensorBoard reads after the folder's others. TensorBoard
+    reads a folder's files in name order, and a name is events.out.tfevents.SECONDS.HOST.
+    PID.N: two writers of one process within one second whose counters N cross a power of
+    ten (9, 10) sort the wrong way, and the later one's purge would be read first (a resume
+    or a rollback soon after the start, as in the tests). Such a file is made again in the
+    next second."""
     from torch.utils.tensorboard import SummaryWriter  # tensorboard's import is slow
 
-    return SummaryWriter(folder, purge_step=purge_step)
+    def names() -> set[str]:
+        return {p.name for p in Path(folder).glob("events.out.tfevents.*")}
+
+    before = names()
+    writer = SummaryWriter(folder, purge_step=purge_step)
+    while before and (new := names() - before) and max(new) < max(before):
+        writer.close()
+        for name in new:
+            (Path(folder) / name).unlink()
+        time.sleep(1.01 - time.time() % 1)
+        writer = SummaryWriter(folder, purge_step=purge_step)
+    return writer
 
 
 class Wandb(Sink):

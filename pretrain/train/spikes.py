@@ -3,7 +3,8 @@
     SpikeDetector   robust z-score (rolling median / MAD) of one series: loss or grad norm
     StepGuard       judges each step inside DeepSpeed's step, after the gradient norm is known
                     and before the update, and skips the update when asked (spikes.skip_step);
-                    without skip_step or rollback_after, once the step's values are read
+                    without skip_step, once the step's values are read; notes a run of
+                    flagged steps that calls for a rollback (spikes.rollback_after)
     SkipStepOptimizer  the optimizer wrapper DeepSpeed steps, through which the guard skips
     Unjudged        a step's values, still on the device, that the guard judges later
     Rollback        a rollback: the step it happened at, the checkpoint it went back to, and the
@@ -125,13 +126,11 @@ class Verdict:
 
 @dataclass
 class Unjudged:
-    """A step the guard has not judged yet: its values as the step left them (the loss and
-    gradient norm may be device tensors), for `StepGuard.judge` once they are read."""
+    """A step the guard has not judged yet. Its loss and gradient norm are the step's
+    recorded values (StepMetrics), judged once they are read (`StepGuard.judge`)."""
 
     step: int
     data_step: int
-    loss: Any  # the all-reduced mean loss
-    grad_norm: Any  # DeepSpeed's global norm (inf where it skipped the update), or None
     skipped_by_deepspeed: bool
 
 
@@ -148,46 +147,47 @@ def _inner_optimizer(engine) -> torch.optim.Optimizer:
 class SkipStepOptimizer(OptimizerWrapper):
     """The torch optimizer DeepSpeed steps, wrapped so that a step can be withheld (as
     OLMo-core's SkipStepOptimizer), installed by build_engine through
-    deepspeed_adapter.wrap_stepped_optimizer. It is given the step's loss (`begin`) before
-    the engine's step; DeepSpeed calls its `step` once the global gradient norm is known and
-    before anything changed, where it reads the norm (`grad_norm`, the adapter's reader) and
-    asks `judge(loss, norm)` whether to skip. A skipped call steps nothing. Without a loss
-    (`begin` not called) it is the inner optimizer."""
+    deepspeed_adapter.wrap_stepped_optimizer. Armed for a boundary step (`arm`), it reads the
+    global gradient norm at DeepSpeed's call of its `step`, once the norm is known and
+    before anything changed (`grad_norm`, the adapter's reader), and asks `judge(norm)`, when
+    given one, whether to skip; a skipped call steps nothing. `disarm` says whether DeepSpeed
+    called it and with what norm. Unarmed, it is the inner optimizer."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, grad_norm: Callable[[], Any]) -> None:
         super().__init__(optimizer)
         self.grad_norm = grad_norm
-        self.judge: Callable[[Any, Any], bool] | None = None  # None: record, never skip
-        self.latest_loss: Any = None
-        self.latest_grad_norm: Any = None  # the step's norm, as DeepSpeed left it
+        self.armed = False
+        self.judge: Callable[[Any], bool] | None = None  # None: read the norm, never skip
+        self.norm: Any = None  # the step's norm, as DeepSpeed left it
         self.called = False  # DeepSpeed called the step (it did not skip it itself)
         self.skipping = False
 
-    def begin(self, loss: Any) -> None:
-        self.latest_loss, self.latest_grad_norm = loss, None
+    def arm(self, judge: Callable[[Any], bool] | None = None) -> None:
+        self.armed, self.judge, self.norm = True, judge, None
         self.called = self.skipping = False
 
-    def end(self) -> tuple[bool, Any]:
-        """(whether DeepSpeed called the step, the step's gradient norm); then forgets them."""
-        out = self.called, self.latest_grad_norm
-        self.latest_loss = self.latest_grad_norm = None
+    def disarm(self) -> tuple[bool, Any]:
+        """(whether DeepSpeed called the step, the step's gradient norm); then forgets both."""
+        out = self.called, self.norm
+        self.armed, self.judge, self.norm = False, None, None
         self.called = self.skipping = False
         return out
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         # ZeRO steps once per parameter group: the step is judged at the first call.
-        if self.latest_loss is not None and not self.called:
-            self.called, self.latest_grad_norm = True, self.grad_norm()
+        if self.armed and not self.called:
+            self.called, self.norm = True, self.grad_norm()
             if self.judge is not None:
-                self.skipping = self.judge(self.latest_loss, self.latest_grad_norm)
+                self.skipping = self.judge(self.norm)
         if self.skipping:
             return None
         return super().step(closure)
 
 
 class StepGuard:
-    """Judges every step from its all-reduced loss and DeepSpeed's global gradient norm, and
-    withholds a flagged step's update when `spikes.skip_step` is on.
+    """Judges every step from its all-reduced loss and DeepSpeed's global gradient norm,
+    withholds a flagged step's update when `spikes.skip_step` is on, and says when a run of
+    flagged steps calls for a rollback (`spikes.rollback_after`).
 
     Why inside the optimizer: DeepSpeed computes the gradient norm in its own step, then clips
     and calls the inner torch optimizer, then copies the fp32 master weights to the bf16 ones.
@@ -195,26 +195,30 @@ class StepGuard:
     norm is known and nothing has changed yet; a skipped call leaves the master weights, the
     moments and the per-parameter step counts as they were, and the copy back writes the same
     bf16 weights. That holds for ZeRO 0, 1 and 2 in fp32 and bf16 (tests/test_train_spikes.py
-    compares the state bit for bit). DeepSpeed's BF16_Optimizer skips a non-finite gradient by
-    itself without calling the inner optimizer; the guard then records a skip with an
-    infinite norm.
+    compares the state bit for bit). Where DeepSpeed skips a non-finite gradient by itself
+    (its overflow checks) it never calls the inner optimizer; the guard then records a skip
+    with an infinite norm.
 
     With skip_step on, the LR schedule moves on over a skipped step (DeepSpeed steps it; where
     DeepSpeed skipped the step itself, the guard steps it): the schedule follows the step
     number, so the run still ends at train_iters at the final LR, and a skipped step costs its
-    batch. With it off, nothing changes: DeepSpeed's own skips of non-finite gradients (fp32
-    ZeRO 1/2, the bf16 optimizer of ZeRO 0/1) hold the schedule, as they always did.
+    batch. With it off, nothing changes: DeepSpeed's own skips of non-finite gradients hold the
+    schedule, as they always did.
 
-    When a verdict is needed (`synchronous`). skip_step needs it before the update, and
-    rollback_after before the next step: the guard then reads the step's loss and gradient
+    When a verdict is needed. Only skip_step needs it inside the step, before the update
+    (`synchronous`): the guard is then handed the step's all-reduced loss and reads it and the
     norm on the host inside the step (a wait for the GPU; where DeepSpeed has just waited for
-    its own overflow check, bf16 ZeRO 0/1 and fp32 ZeRO 1/2, one that costs nothing more).
-    Otherwise (the default) nothing waits: `finish` returns the step's values as they are on
-    the device (`Unjudged`), and `judge` turns them into the verdict once they are read
+    its own overflow check, bf16 and fp32 ZeRO 1/2, one that costs nothing more). Otherwise
+    (the default) the guard holds nothing of the step: `guarded_step` returns an `Unjudged`,
+    and `judge` turns the step's recorded loss and norm into the verdict once they are read
     (StepMetrics.read, once per log interval) and handed to it (TrainModule.settle), in step
-    order: the same detector inputs in the same order, so the same verdicts. Deciding a skip on the device instead (a 0/1
-    tensor gating the update, as GradScaler's found_inf gates torch's fused AdamW) would save
-    no wait while DeepSpeed reads its own overflow flag on the host in the same step.
+    order: the same detector inputs in the same order, so the same verdicts. A rollback is
+    decided there too, at the flush: `judge` notes the episode when it completes, and the
+    trainer rolls back after the flush (its data window is the one the step that completed
+    the episode sets, so a later decision skips the same data). Deciding a skip on the device
+    instead (a 0/1 tensor gating the update, as GradScaler's found_inf gates torch's fused
+    AdamW) would save no wait while DeepSpeed reads its own overflow flag on the host in the
+    same step.
     """
 
     def __init__(self, cfg: SpikesConfig, world_size: int = 1):
@@ -224,16 +228,16 @@ class StepGuard:
         self.grad_norm = SpikeDetector(cfg.window, cfg.grad_norm_threshold)
         # (step, data step) of the flagged steps within the last rollback_within steps
         self.flagged_steps: deque[tuple[int, int]] = deque()
+        # (first flagged step, its data step, the data step that completed the episode)
+        self.episode: tuple[int, int, int] | None = None
         self.skipped_total = 0  # skipped steps in the run's history
-        self._pending: tuple[int, int, Any] | None = None  # step, data step, loss (device)
-        self._verdict: Verdict | None = None
         self._engine: Any = None
         self._optimizer: SkipStepOptimizer | None = None
 
     @property
     def synchronous(self) -> bool:
         """Whether each step is judged inside it (see the class docstring)."""
-        return bool(self.cfg.skip_step or self.cfg.rollback_after)
+        return bool(self.cfg.skip_step)
 
     def install(self, engine) -> None:
         """Talk to the engine's SkipStepOptimizer (build_engine put it in; an engine built
@@ -241,34 +245,35 @@ class StepGuard:
         optimizer = wrap_stepped_optimizer(engine, SkipStepOptimizer)
         if not isinstance(optimizer, SkipStepOptimizer):
             raise TypeError(f"the engine steps a {type(optimizer).__name__}, not a guard's")
-        optimizer.judge = self._judge_in_step if self.synchronous else None
         self._engine, self._optimizer = engine, optimizer
 
-    def _judge_in_step(self, loss: Any, grad_norm: Any) -> bool:
-        step, data_step, _ = self._pending
-        self._verdict = self._judge(step, data_step, float(loss), _host(grad_norm))
-        return self._verdict.skipped
+    def guarded_step(
+        self, step: int, data_step: int, loss: Any, run_step: Callable[[], None]
+    ) -> tuple[Verdict | Unjudged, Any]:
+        """The engine's boundary step (`run_step`) under the guard: (the verdict when
+        `synchronous`, else the step for `judge`; the step's gradient norm as DeepSpeed left
+        it: a device tensor, a float, inf where DeepSpeed skipped the update, None where it
+        reports none). `loss`: the step's all-reduced loss, read only when `synchronous`."""
+        verdict: Verdict | None = None
 
-    def begin(self, step: int, data_step: int, loss: Any) -> None:
-        """Called with the step's all-reduced loss (a 0-d tensor, or a float), before the
-        engine's boundary step."""
-        self._pending, self._verdict = (step, data_step, loss), None
-        self._optimizer.begin(loss)
+        def judge(norm: Any) -> bool:
+            nonlocal verdict
+            verdict = self._judge(step, data_step, float(loss), _host(norm))
+            return verdict.skipped
 
-    def finish(self) -> Verdict | Unjudged:
-        """After the engine's boundary step: the step's verdict when `synchronous`, else its
-        values for `judge`."""
-        step, data_step, loss = self._pending
-        called, norm = self._optimizer.end()
+        self._optimizer.arm(judge if self.synchronous else None)
+        try:
+            run_step()
+        finally:
+            called, norm = self._optimizer.disarm()
         skipped = not called  # DeepSpeed skipped the update itself: non-finite gradients
         norm = float("inf") if skipped else norm
-        out: Verdict | Unjudged = Unjudged(step, data_step, loss, norm, skipped)
-        if self.synchronous:
-            out = self._verdict or self._judge(step, data_step, float(loss), norm, skipped)
-            if skipped and self.cfg.skip_step:
-                advance_schedule(self._engine)  # DeepSpeed holds the schedule; we do not
-        self._pending, self._verdict = None, None
-        return out
+        if not self.synchronous:
+            return Unjudged(step, data_step, skipped), norm
+        if verdict is None:  # DeepSpeed skipped before calling the optimizer
+            verdict = self._judge(step, data_step, float(loss), norm, skipped)
+            advance_schedule(self._engine)  # DeepSpeed holds the schedule; we do not
+        return verdict, norm
 
     def judge(self, step: Unjudged, loss: float, grad_norm: float | None) -> Verdict:
         """The verdict of an unjudged step, given its loss and grad norm read on the host.
@@ -307,6 +312,7 @@ class StepGuard:
         v.reason = ", ".join(reasons)
         if v.flagged or skip:
             self.flagged_steps.append((step, data_step))
+            self._note_episode(step, data_step)
         self.skipped_total += skip
         v.skipped_total = self.skipped_total
         return v
@@ -314,25 +320,32 @@ class StepGuard:
     def _device(self) -> torch.device:
         return next(self._engine.module.parameters()).device
 
-    def forget_flags(self) -> None:
-        """A rollback answered the episode: its flagged steps no longer count towards another."""
-        self.flagged_steps.clear()
-
-    def rollback_due(self, step: int) -> tuple[int, int] | None:
-        """(step, data step) of the episode's first flagged step when rollback_after of the
-        last rollback_within steps were flagged; else None."""
+    def _note_episode(self, step: int, data_step: int) -> None:
+        """An episode completes when rollback_after of the last rollback_within steps, this
+        one included, were flagged; it stands until a rollback answers it."""
         c = self.cfg
         while self.flagged_steps and self.flagged_steps[0][0] <= step - c.rollback_within:
             self.flagged_steps.popleft()
-        if c.rollback_after and len(self.flagged_steps) >= c.rollback_after:
-            return self.flagged_steps[0]
-        return None
+        due = c.rollback_after and len(self.flagged_steps) >= c.rollback_after
+        if due and self.episode is None:
+            self.episode = (*self.flagged_steps[0], data_step)
+
+    def forget_flags(self) -> None:
+        """A rollback answered the episode: its flagged steps no longer count towards another."""
+        self.flagged_steps.clear()
+        self.episode = None
+
+    def rollback_due(self) -> tuple[int, int, int] | None:
+        """(first flagged step, its data step, the data step that completed the episode) of
+        a run of spikes judged so far that calls for a rollback; else None."""
+        return self.episode
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "loss": self.loss.state_dict(),
             "grad_norm": self.grad_norm.state_dict(),
             "flagged_steps": [list(f) for f in self.flagged_steps],
+            "episode": list(self.episode) if self.episode else None,
             "skipped_total": self.skipped_total,
         }
 
@@ -342,6 +355,8 @@ class StepGuard:
         self.loss.load_state_dict(state.get("loss", {}))
         self.grad_norm.load_state_dict(state.get("grad_norm", {}))
         self.flagged_steps = deque(tuple(f) for f in state.get("flagged_steps", []))
+        episode = state.get("episode")
+        self.episode = tuple(episode) if episode else None
         self.skipped_total = state.get("skipped_total", 0)
 
 

@@ -39,7 +39,7 @@ from pretrain.train.checkpoint_schedule import CheckpointSchedule
 from pretrain.train.context import RunContext, build_context
 from pretrain.train.engine import RunPlanner
 from pretrain.train.evaluators import Evaluator, run_due
-from pretrain.train.metrics import StepRecord
+from pretrain.train.metrics import LOSS, Reduce, StepRecord
 from pretrain.train.publish import Publisher, Sink
 from pretrain.train.records import Record, Rewound
 from pretrain.train.recovery import (
@@ -128,10 +128,10 @@ class Trainer:
                 if record.stopping:
                     exit_code = EXIT_PREEMPTED
                     break
-                first = self.run.module.rollback_due(self.step)
-                if first is not None:
+                episode = self.run.module.rollback_due()  # judged at a flush or a save
+                if episode is not None:
                     self.flush()
-                    self.rollback(*first)
+                    self.rollback(*episode)
             else:
                 exit_code = EXIT_OK
         finally:
@@ -146,46 +146,32 @@ class Trainer:
         lr = module.lr
         self._position_data()
         data_step = self.consumed // self.cfg.train.global_batch_size + 1
-        loss_sum, z_sum, token_sum = (
-            torch.zeros((), dtype=torch.float64, device=run.device) for _ in range(3)
-        )
+        module.metrics.open(self.step + 1)
         first = None
         for i in range(run.grad_accum):
             batch = self._next_batch()
             x, y = batch["input_ids"].to(run.device), batch["labels"].to(run.device)
             first = x[:1] if first is None else first
-            loss, z_term = module.forward_backward(x, y, data_step, i, batch)
-            loss_sum += loss
-            z_sum += z_term
-            token_sum += x.sum(dtype=torch.float64)
+            module.forward_backward(x, y, data_step, i, batch)
+            # The step's token-id sum: a fingerprint that shows a resume read the same data.
+            module.metrics.record("progress/batch_token_sum", x.sum(dtype=torch.float64), "sum")
             if i < run.grad_accum - 1:
                 module.micro_step()
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
-        # One collective per step, before the update (the guard judges the step on it): the
-        # global mean loss, "did any rank get a signal", the sum of the step's token ids (a
-        # fingerprint that shows a resume read the same data) and the z-loss term.
+        # The one collective every step needs, before the update: "did any rank get a
+        # signal", and the global mean loss that spikes.skip_step judges inside the update.
+        # Every other value waits for the flush (StepMetrics.read).
+        stop = torch.tensor(float(self.stop_signal is not None), device=run.device)
         with module.timer.part("collective"):
             sums = dist_utils.all_reduce_named(
-                {
-                    "loss": loss_sum / run.grad_accum,
-                    "stop": torch.tensor(
-                        float(self.stop_signal is not None), dtype=torch.float64, device=run.device
-                    ),
-                    "batch_token_sum": token_sum,
-                    "z_loss": z_sum / run.grad_accum,
-                }
+                {"stop": stop.double(), "loss": module.metrics.current(LOSS)}
             )
         stopping = module.stop_requested(sums["stop"])
         record = StepRecord(
-            step=self.step,
-            lr=lr,
-            tokens=run.tokens_per_step,
-            stopping=stopping,
-            first_input=first,
-            log=self._is_log_step(stopping),
+            self.step, lr, run.tokens_per_step, stopping, first, self._is_log_step(stopping)
         )
-        module.optimizer_step(record, data_step, sums)
+        module.optimizer_step(record, data_step, sums["loss"] / run.env.world_size)
         return record
 
     def _evaluate(self, record: StepRecord, last: bool) -> None:
@@ -201,6 +187,16 @@ class Trainer:
         if outs:
             self.publisher.publish(outs)
             self.fire("on_values", outs)
+
+    def record_metric(
+        self, name: str, value: torch.Tensor | float, reduce: Reduce = "mean"
+    ) -> None:
+        """Record a value of the step being taken under `name` on every rank (a 0-d device
+        tensor is not read): combined by `reduce` (mean, sum, max, min) over the calls in
+        the step (once per micro batch) and over the ranks, then written by every sink with
+        the step (StepMetrics.record). Host figures a callback computes after the step
+        (on_step_end) go into the StepRecord's `scalars` instead."""
+        self.run.module.metrics.record(name, value, reduce)
 
     def publish(self, record: Record) -> None:
         """A record of its own to every sink (a hang's verdict)."""
@@ -223,13 +219,13 @@ class Trainer:
             self.publisher.close(self, exit_code)
         self.fire("on_fit_end", exit_code)
 
-    def rollback(self, first_step: int, first_data_step: int) -> None:
-        """Back to the newest checkpoint before `first_step` (the first flagged step of a run
-        of spikes), skipping its data (pretrain/train/recovery.py plan_rollback). Every rank
-        calls it, with the same arguments."""
+    def rollback(self, first_step: int, first_data_step: int, last_data_step: int) -> None:
+        """Back to the newest checkpoint before `first_step` (a run of spikes' first), never
+        to train on data steps up to `last_data_step` (the episode's last) + skip_after
+        (recovery.plan_rollback). Every rank calls it, with the same arguments."""
         self.wait_for_saves()  # a save in flight (checkpoint.async) lands first
         self.run.module.forget_flags()
-        at, first = (self.step, self.consumed), (first_step, first_data_step)
+        at, first = (self.step, last_data_step), (first_step, first_data_step)
         planned = plan_rollback(
             self.cfg, self.layout, self.run.env, self.rollbacks, at, first, self.log
         )
