@@ -144,7 +144,7 @@ def test_values_reduce_over_two_ranks_in_one_gather():
 
     from warm_start import free_port
 
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # forked, a child would inherit this process's group
     out, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_reduce_on_rank, args=(r, port, out)) for r in range(2)]
     for p in procs:
