@@ -7,6 +7,7 @@ from tests/architecture.py (`python tests/architecture.py` prints them).
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -69,10 +70,10 @@ VIOLATIONS = {
         "import pretrain.hf\n",
         "pretrain.eval.metrics -> pretrain.hf",
     ),
-    "model-imports-only-config": (
+    "model-imports-only-its-section": (
         "pretrain/model/rope.py",
-        "from pretrain.run_layout import atomic_write\n",
-        "pretrain.model.rope -> pretrain.run_layout",
+        "from pretrain.config import Config\n",  # the aggregate, not model/config.py
+        "pretrain.model.rope -> pretrain.config",
     ),
     "data-below-evaluation": (
         "pretrain/data/tokenizer.py",
@@ -138,7 +139,7 @@ def test_the_contract_program_fails_on_a_violation(tmp_path):
     _append(root, "pretrain/model/norm.py", "import pretrain.train.engine\n")
     bad = subprocess.run(command, cwd=root, capture_output=True, text=True)
     assert bad.returncode == 1
-    assert "contract model-imports-only-config" in bad.stdout
+    assert "contract model-imports-only-its-section" in bad.stdout
     assert "pretrain.model.norm -> pretrain.train.engine" in bad.stdout
 
 
@@ -354,3 +355,17 @@ def test_tables_go_through_one_helper():
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     top = {m.split(".")[0] for m in imported} - set(sys.stdlib_module_names) - {"__future__"}
     assert top == {"tabulate"}, imported
+
+
+def test_the_model_loads_its_own_section_and_no_other():
+    """Importing the model loads model/config.py and the schema, not the aggregate config
+    (nor the data, train and eval sections it puts together)."""
+    code = (
+        "import json, sys, pretrain.model.transformer; "
+        "print(json.dumps([m for m in sys.modules if m.startswith('pretrain')]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    loaded = set(json.loads(out.stdout))
+    assert "pretrain.model.config" in loaded, out.stderr
+    others = {"pretrain.config", "pretrain.data.config", "pretrain.train.config"}
+    assert not loaded & {*others, "pretrain.eval.config"}, loaded

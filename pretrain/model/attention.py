@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.config import ConfigError, ModelConfig
+from pretrain.model.config import ModelConfig
 from pretrain.model.document_attention import (
     DocumentMask,
     dense_position_mask,
@@ -24,6 +24,7 @@ from pretrain.model.document_attention import (
 from pretrain.model.norm import make_norm
 from pretrain.model.position import LayerPosition, alibi_slopes, layer_positions
 from pretrain.model.rope import apply_rope
+from pretrain.schema import ConfigError
 
 # The signature of F.scaled_dot_product_attention: (q, k, v, attn_mask=, dropout_p=,
 # is_causal=, scale=, enable_gqa=) -> (B, H, T, D).

@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from pretrain.config import ModelConfig
+from pretrain.model.config import ModelConfig
 from pretrain.model.rope import RotaryEmbedding, inverse_frequencies, rope_cache_bytes
 
 

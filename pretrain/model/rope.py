@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from pretrain.config import ModelConfig, RopeScalingConfig
+from pretrain.model.config import ModelConfig, RopeScalingConfig
 
 
 def inverse_frequencies(

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pretrain.config import ModelConfig, RopeScalingConfig
 from pretrain.model.attention import Attention, AttentionFn, KVCache, choose_kernel
+from pretrain.model.config import ModelConfig, RopeScalingConfig
 from pretrain.model.document_attention import DocumentMask
 from pretrain.model.loss import IGNORE_INDEX, linear_cross_entropy
 from pretrain.model.norm import make_norm
