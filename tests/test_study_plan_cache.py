@@ -133,3 +133,35 @@ def test_fresh_through_the_program(repo, monkeypatch, capsys):
     assert seen == {"fresh": True}
     assert cli.main(["plan", "studies/small.yaml"]) == 0
     assert seen == {"fresh": False}
+
+
+def test_the_key_holds_the_sources_a_trace_loads_and_no_other():
+    """A real trace, in a process of its own, loads no module of ours outside trace_sources:
+    the key holds every source the plan depends on. The trainer, the study's own modules
+    and the programs are not among them: an edit there retraces nothing."""
+    import subprocess
+    import sys
+
+    from pretrain.study.plan import trace_sources
+
+    code = """
+import json, sys
+from pretrain.config import Config, from_dict, load_config
+from pretrain.planner.gpus import parse_gpu
+from pretrain.planner.search import plan_run
+cfg = load_config("configs/char/shakespeare_theta10000.yaml")
+plan_run(cfg, parse_gpu("h100"), 1)
+print(json.dumps([m.__file__ for n, m in sys.modules.items()
+                  if n.startswith("pretrain") and getattr(m, "__file__", None)]))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = {Path(f).resolve() for f in json.loads(out.stdout.splitlines()[-1])}
+    sources = {p.resolve() for p in trace_sources()}
+    assert len(loaded) > 20 and loaded <= sources, sorted(map(str, loaded - sources))
+    names = {p.relative_to(REPO / "pretrain").as_posix() for p in sources}
+    assert {"planner/search.py", "model/attention.py", "train/engine.py"} <= names
+    outside = {"train/trainer.py", "train/metrics.py", "study/plan.py", "cli/study.py"}
+    assert not names & outside

@@ -3,19 +3,21 @@ per GPU, GPU-hours and wall time on the study's Slurm layout, and the total.
 
 Each run is traced by the planner (pretrain/planner/, docs/performance.md) as `tools/plan.py`
 plans one config: the real model on fake tensors, DeepSpeed's buffers added, the GPU's
-reserve kept free. Runs that differ only in their seed or run folder are traced once. Time is
+reserve kept free. Runs that differ only in their seed, run folder or data are traced once. Time is
 the run's executed FLOPs (recompute included) at `mfu` of the GPU's peak, as the paper's Slurm
 time limits are (pretrain/planner/paper.py).
 
 What a trace gives (PlanFigures) is kept in the study's plan cache, studies/NAME/plan_cache/,
 one JSON file per trace named by the sha256 of what the trace depends on: the resolved config
 without seed and run folder, the GPUs, the GPU, the planner's version (PLAN_CACHE_VERSION, the
-torch version and the source of the code the trace runs) and, with a document mask, the share
-of attention pairs measured on this machine's data. Planning again traces only what changed.
+torch version and the source of the modules a trace can run, `trace_sources`) and, with a
+document mask, the share of attention pairs measured on this machine's data. Planning again
+traces only what changed: an edit to the trainer, a study module or a tool retraces nothing.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -42,11 +44,11 @@ if TYPE_CHECKING:
 
 # Bump when what a trace gives changes in a way the planner's source files do not show (or
 # PlanFigures changes): every plan cache entry written before is then a miss.
-PLAN_CACHE_VERSION = 1
+PLAN_CACHE_VERSION = 2
 PLAN_CACHE_DIR = "plan_cache"  # under the study's folder, studies/NAME/
-# The code a trace runs, relative to pretrain/ (its folders, and the modules beside them: the
-# configs): a change to any of it retraces every run.
-_PLANNER_SOURCES = ("planner", "model", "train", "data", "*.py")
+# The module whose plan_run traces a run: the cache key holds the source of every module of
+# ours it imports, directly or through others, when it loads or inside a function.
+TRACE_ENTRY = "pretrain.planner.search"
 
 
 @dataclass(frozen=True)
@@ -100,26 +102,66 @@ class PlanFigures:
 
 
 def _trace_key(run: StudyRun, ranks: int) -> str:
-    """What the plan depends on: the config without what only names or seeds the run."""
+    """What the plan depends on: the config without what only names or seeds the run, or
+    names its data (FineWeb and FineWeb-Edu runs of one shape share a trace; what the data
+    changes, the attention share under a document mask, is a key of its own)."""
     config = json.loads(json.dumps(run.config))
     config["train"].pop("seed", None)
     config["logging"].pop("run_dir", None)
+    for split in ("train", "valid"):
+        config.get("data", {}).pop(split, None)
     return json.dumps([config, ranks], sort_keys=True)
+
+
+def trace_sources(entry: str = TRACE_ENTRY) -> list[Path]:
+    """The source files of our modules a trace can run: `entry` and every module of ours it
+    imports, directly or through others, at load time or inside a function, read with `ast`
+    (a package's lazily loaded names, its `_LAZY` table, count as its imports). An edit to
+    any other file (the trainer, a study module, a tool) leaves every plan's key as it was;
+    tests/test_study_plan_cache.py checks that a real trace loads nothing outside this."""
+    root = Path(pretrain.__file__).resolve().parent
+
+    def path_of(module: str) -> Path | None:
+        rel = Path(*module.split(".")[1:])
+        for candidate in (root / rel / "__init__.py", (root / rel).with_suffix(".py")):
+            if module.startswith("pretrain") and candidate.is_file():
+                return candidate
+        return None
+
+    seen: dict[str, Path] = {}
+    todo = [entry]
+    while todo:
+        module = todo.pop()
+        path = path_of(module)
+        if module in seen or path is None:
+            continue
+        seen[module] = path
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets
+            ):
+                todo += [v.value for v in ast.walk(node.value) if isinstance(v, ast.Constant)]
+    return sorted(seen.values())
 
 
 @functools.cache
 def _planner_stamp() -> dict[str, Any]:
-    """The planner's version: the constant, torch's, and the sha256 of the source it runs
-    (read once per process: the code that was imported is the code that traces)."""
+    """The planner's version: the constant, torch's, and the sha256 of the sources a trace
+    runs (`trace_sources`; read once per process: the code imported is the code that
+    traces)."""
     import torch
 
     root = Path(pretrain.__file__).resolve().parent
     digest = hashlib.sha256()
-    for pattern in _PLANNER_SOURCES:
-        path = root / pattern
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else sorted(root.glob(pattern)):
-            digest.update(file.relative_to(root).as_posix().encode() + b"\0")
-            digest.update(file.read_bytes() + b"\0")
+    for file in trace_sources():
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(file.read_bytes() + b"\0")
     return {
         "version": PLAN_CACHE_VERSION,
         "torch": torch.__version__,
