@@ -90,11 +90,14 @@ lock:
 		--no-emit-package torch --no-emit-find-links --custom-compile-command "make lock" \
 		-o $(LOCK)
 
-# ruff, then the layers' import contracts (docs/architecture.md; tests/contracts.py).
+# ruff, the layers' import contracts (docs/architecture.md; tests/contracts.py), then the
+# generated files: schemas/*.json and docs/configuration.md's tables are the schema's
+# (a stale one: one line naming it and `python tools/config_schema.py`, which rewrites them).
 lint: venv
 	$(VENV)/bin/ruff check pretrain tools tests requirements
 	$(VENV)/bin/ruff format --check pretrain tools tests requirements
 	$(PY) tests/contracts.py
+	$(PY) tools/config_schema.py --check
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-hf-oldest .venv-hf-newest .venv-lock runs/quickstart

@@ -10,7 +10,16 @@ second with a message a user can act on.
 Field types are pydantic's, with three of our own where YAML and pydantic's lax mode disagree
 with what a user means: `Int` (no bools or strings; 3.0 is 3), `Float` (no bools; YAML 1.1
 reads `4e-4` as a string, which is read as the number; NaN refused) and `Bool` (true or false
-only, never "yes" or 1).
+only, never "yes" or 1); and two kinds built on them: `Seconds` (finite, >= 0) and
+`int_choice(0, 1, 2)` (an `Int` among a few).
+
+A rule of one field is a constraint of the field itself (`Field(gt=0)`, `ge=`/`le=`/`lt=`, a
+`Literal`), never a validator, so that the JSON Schema an editor checks a file against
+(tools/config_schema.py) refuses what the loader refuses; validators hold the rules across
+fields. Its error reads `KEY=VALUE must be > 0`, `... must be in [0, 1]` or `... is not
+allowed; use one of ...`, ending with the field's `Hint` where it has one:
+`grad_clip: Annotated[Float, Hint("0 = no clipping")] = Field(1.0, ge=0)` gives
+`optim.grad_clip=-1 must be >= 0 (0 = no clipping)`.
 """
 
 from __future__ import annotations
@@ -20,9 +29,19 @@ import difflib
 import math
 import types
 import typing
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, ValidationError
+import annotated_types
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    ValidationError,
+)
+from pydantic.fields import FieldInfo
 
 from pretrain.errors import UserError
 
@@ -59,6 +78,46 @@ def _number(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_integer)]
 Float = Annotated[float, BeforeValidator(_number)]
 Bool = StrictBool
+Seconds = Annotated[float, BeforeValidator(_number), annotated_types.Ge(0), AllowInfNan(False)]
+"""A duration in seconds: a finite number >= 0."""
+
+
+def int_choice(*choices: int) -> Any:
+    """An `Int` that must be one of `choices` (an `enum` in the JSON Schema): `int_choice(0, 1, 2)`."""
+    return Annotated[Literal[choices], BeforeValidator(_integer)]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What a field's bound or choices mean, appended to its error in parentheses:
+    `Annotated[Float, Hint("0 = no clipping")]`."""
+
+    text: str
+
+
+# Pydantic writes a bound it cannot put on the inner type (a field `X | None`, a list's items,
+# a union's member: wherever our BeforeValidator wraps it) under its own name, `ge`, which a
+# JSON Schema validator ignores; these are the JSON Schema keywords.
+_JSON_BOUNDS = {
+    "ge": "minimum",
+    "gt": "exclusiveMinimum",
+    "le": "maximum",
+    "lt": "exclusiveMaximum",
+}
+
+
+def _json_bounds(node: Any) -> None:
+    """Rename pydantic's `ge`/`gt`/`le`/`lt` in a section's JSON Schema to JSON Schema's."""
+    if isinstance(node, dict):
+        if node.get("type") in ("integer", "number"):
+            for ours, theirs in _JSON_BOUNDS.items():
+                if ours in node:
+                    node[theirs] = node.pop(ours)
+        for value in node.values():
+            _json_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _json_bounds(value)
 
 
 _Self = TypeVar("_Self", bound="Section")
@@ -78,6 +137,7 @@ class Section(BaseModel):
         validate_by_name=True,
         validate_by_alias=True,
         use_attribute_docstrings=True,
+        json_schema_extra=_json_bounds,
     )
     key: ClassVar[str] = ""
 
@@ -205,6 +265,7 @@ _PROBLEMS = {
     "bool": "must be true or false",
     "int": "must be an integer",
     "float": "must be a number",
+    "finite": "must be a finite number",
     "string": "must be a string",
     "list": "must be a list",
     "tuple": "must be a list",
@@ -223,12 +284,48 @@ _BOUNDS = {
 MOVED = {"logging.spike_window": "spikes.window", "logging.spike_threshold": "spikes.threshold"}
 
 
+def _number_text(x: Any) -> str:
+    """A bound as a user writes it: 0, not 0.0; 1e-08 as 1e-08."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return str(x)
+
+
+def field_bounds(info: FieldInfo | None) -> dict[str, Any]:
+    """A field's own bounds, {'>=': 0, '<': 1} (not those of its items or union members)."""
+    out: dict[str, Any] = {}
+    for m in info.metadata if info is not None else ():
+        for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            value = getattr(m, attr, None)
+            if isinstance(m, annotated_types.BaseMetadata) and value is not None:
+                out[op] = value
+    return out
+
+
+def bounds_text(bounds: dict[str, Any]) -> str:
+    """'> 0', '>= 2', 'in [0, 1]', 'in [0, 1)' (both ends in one interval); '' for none."""
+    lo = next(((op, v) for op, v in bounds.items() if op in (">", ">=")), None)
+    hi = next(((op, v) for op, v in bounds.items() if op in ("<", "<=")), None)
+    if lo and hi:
+        left, right = "[" if lo[0] == ">=" else "(", "]" if hi[0] == "<=" else ")"
+        return f"in {left}{_number_text(lo[1])}, {_number_text(hi[1])}{right}"
+    one = lo or hi
+    return f"{one[0]} {_number_text(one[1])}" if one else ""
+
+
+def field_hint(info: FieldInfo | None) -> str:
+    """' (HINT)' for a field with a `Hint`, else ''."""
+    hints = [m.text for m in (info.metadata if info is not None else ()) if isinstance(m, Hint)]
+    return f" ({hints[0]})" if hints else ""
+
+
 def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> ConfigError:
     """Pydantic's first error as our one line: the dotted key, the value, the problem, the fix."""
-    err = e.errors(include_url=False)[0]
-    key, section, annotation, union = prefix, cls, None, False
+    errors = e.errors(include_url=False)
+    err = errors[0]
+    key, section, annotation, info, union = prefix, cls, None, None, False
     parent = prefix
-    for part in err["loc"]:
+    for depth, part in enumerate(err["loc"]):
         if isinstance(part, int):
             key += f"[{part}]"
             continue
@@ -236,16 +333,24 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
         if part in fields:
             parent = key
             key = f"{key}.{part}" if key else str(part)
-            annotation = section.model_fields[fields[part]].annotation  # type: ignore[union-attr]
+            info = section.model_fields[fields[part]]  # type: ignore[union-attr]
+            annotation = info.annotation
             section = section_of(annotation)
         elif err["type"] == "extra_forbidden" and part == err["loc"][-1]:
             parent = key
             key = f"{key}.{part}" if key else str(part)
         else:  # a union's member tag: the value fits none of the field's types
             union = True
+            # ... unless it has the type of a member and is outside that member's bounds
+            # (`activation_checkpointing: -1`): that member's error is the one to give.
+            at = err["loc"][:depth]
+            bound = [x for x in errors if x["type"] in _BOUNDS and x["loc"][:depth] == at]
+            if bound:
+                err, union = bound[0], False
             break
     value = err.get("input")
     kind = err["type"]
+    hint = field_hint(info)
     if kind == "extra_forbidden":
         if key in MOVED:
             return ConfigError(f"{key} is now {MOVED[key]}; rename it in your config")
@@ -269,14 +374,20 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
     if kind == "literal_error":
         choices = _literal_choices(annotation)
         expected = ", ".join(map(repr, choices)) if choices else err["ctx"]["expected"]
-        return ConfigError(f"{key}={value!r} is not allowed; use one of {expected}")
+        return ConfigError(f"{key}={value!r} is not allowed; use one of {expected}{hint}")
     if kind in _BOUNDS:
+        op = _BOUNDS[kind]
         bound = next(iter((err.get("ctx") or {}).values()), "")
-        return ConfigError(f"{key}={value!r} must be {_BOUNDS[kind]} {bound}")
+        own = field_bounds(info)
+        # The field's own interval when this is one of its ends; an item's bound on its own.
+        text = bounds_text(own) if op in own else bounds_text({op: bound})
+        return ConfigError(f"{key}={value!r} must be {text}{hint}")
     if kind in ("too_short", "too_long"):
         return ConfigError(f"{key}={value!r} has the wrong number of items")
     problem = _PROBLEMS.get(kind.split("_")[0], err["msg"].lower())
     null = " (or null)" if admits_none(annotation) else ""
+    if kind == "finite_number":
+        return ConfigError(f"{key}={value!r} {problem}{hint}")
     return ConfigError(f"{key}={value!r} {problem}{null}")
 
 
@@ -284,13 +395,19 @@ __all__ = [
     "Bool",
     "ConfigError",
     "Float",
+    "Hint",
     "Int",
     "MOVED",
+    "Seconds",
     "Section",
     "admits_none",
+    "bounds_text",
     "config_error",
     "did_you_mean",
+    "field_bounds",
+    "field_hint",
     "from_dict",
+    "int_choice",
     "section_of",
     "to_dict",
     "type_name",

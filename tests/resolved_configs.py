@@ -2,7 +2,8 @@
 
 `python tests/resolved_configs.py OUT.json.gz` records them; tests/test_config_schema.py
 compares the loader's answer today with the record taken before the config became a pydantic
-schema (issue 42), field by field.
+schema (issue 42), field by field. A field added since the record is absent from it: it counts
+as unchanged where it holds its default (`default_of`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,37 @@ def resolve_all(repo: Path = REPO) -> dict[str, dict]:
             }
     # Through JSON, so that tuples and lists compare alike on both sides.
     return json.loads(json.dumps(out))
+
+
+def default_of(key: str) -> tuple[bool, object]:
+    """(True, the default) of a dotted key of the record ('train.seed', a study run's
+    'config.model.rope_scaling.low_freq_factor'), as plain values; (False, None) for a key that
+    is no field with a default (a study's `config_file` text, a list's items)."""
+    from pydantic_core import PydanticUndefined
+
+    from pretrain.config import Config, to_dict
+    from pretrain.schema import section_of, yaml_keys
+
+    parts = key.split(".")
+    if parts[0] == "config":  # a study run's resolved config
+        parts = parts[1:]
+    section: type | None = Config
+    for i, part in enumerate(parts):
+        fields = yaml_keys(section) if section is not None else {}
+        if part not in fields:
+            return False, None
+        info = section.model_fields[fields[part]]  # type: ignore[union-attr]
+        if i < len(parts) - 1:
+            section = section_of(info.annotation)
+            continue
+        if info.default is not PydanticUndefined:
+            value = info.default
+        elif info.default_factory is not None:
+            value = info.default_factory()  # type: ignore[call-arg]
+        else:
+            return False, None
+        return True, json.loads(json.dumps(to_dict(value)))
+    return False, None
 
 
 if __name__ == "__main__":

@@ -309,12 +309,18 @@ CASES = [
         run_cfg(wandb={"mode": "sometimes"}),
     ),
     Case("main-wandb-type", "main", CFG, "wandb.tags", run_cfg(wandb={"tags": 5})),
-    Case("main-schedule", "main", CFG, "schedule.", run_cfg(schedule={"warmup_steps": -3})),
+    Case(
+        "main-schedule",
+        "main",
+        CFG,
+        "schedule.warmup_steps=-3 must be >= 0",
+        run_cfg(schedule={"warmup_steps": -3}),
+    ),
     Case(
         "main-logging-interval",
         "main",
         CFG,
-        "logging.log_interval",
+        "logging.log_interval=0 must be > 0",
         run_cfg(logging={"log_interval": 0}),
     ),
     Case(
@@ -328,7 +334,7 @@ CASES = [
         "main-hang-timeout-negative",
         "main",
         CFG,
-        "train.hang_timeout=-5.0",
+        "train.hang_timeout=-5 must be >= 0 (seconds; 0 or null = off)",
         run_cfg(train={"hang_timeout": -5}),
     ),
     # what the file alone decides (issue 42): refused as the config is read
@@ -336,14 +342,14 @@ CASES = [
         "main-seed-negative",
         "main",
         CFG,
-        "train.seed=-1 is not a seed NumPy can take",
+        "train.seed=-1 must be in [0, 4294967295] (a seed NumPy can take)",
         run_cfg(train={"seed": -1}),
     ),
     Case(
         "main-size-negative",
         "main",
         CFG,
-        "model.d_ff=-64 must be a positive integer",
+        "model.d_ff=-64 must be > 0",
         run_cfg(model={"d_ff": -64}),
     ),
     Case(
@@ -378,14 +384,14 @@ CASES = [
         "study-seed-negative",
         "study",
         ["write", "{t}/studies/s.yaml"],
-        "train.seed=-1 is not a seed NumPy can take",
+        "train.seed=-1 must be in [0, 4294967295] (a seed NumPy can take)",
         study_file(seeds=[7, -1]),
     ),
     Case(
         "study-size-zero",
         "study",
         ["plan", "{t}/studies/s.yaml"],
-        "train.micro_batch_size=0 must be a positive integer",
+        "train.micro_batch_size=0 must be > 0",
         study_file(train={"micro_batch_size": 0}),
     ),
     Case(

@@ -247,7 +247,8 @@ def test_data_windows_skip_overlapping_ranges():
         ({"window": 1}, "spikes.window=1 must be >= 2"),
         ({"rollback_after": 3, "rollback_within": 2}, "spikes.rollback_within=2"),
         ({"skip_data": [[5, 3]]}, "spikes.skip_data[0]=[5, 3]"),
-        ({"faults": [{"step": 0}]}, "spikes.faults[0].step=0"),
+        ({"skip_data": [[0, 3]]}, "spikes.skip_data[0][0]=0 must be >= 1"),
+        ({"faults": [{"step": 0}]}, "spikes.faults[0].step=0 must be >= 1"),
         ({"faults": [{"step": 3, "kind": "boom"}]}, "spikes.faults[0].kind='boom'"),
     ],
 )

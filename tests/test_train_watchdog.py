@@ -16,6 +16,7 @@ callbacks/speed.py).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 
@@ -318,7 +319,12 @@ def test_rank_lists_stay_short():
             },
             "with the watchdog off (train.hang_timeout=0.0)",
         ),
-        ({"train": {"hang_timeout": -1.0}}, "train.hang_timeout=-1.0 must be >= 0"),
+        ({"train": {"hang_timeout": -1.0}}, "train.hang_timeout=-1.0 must be >= 0 (seconds;"),
+        ({"train": {"hang_timeout": math.inf}}, "train.hang_timeout=inf must be a finite number"),
+        (
+            {"spikes": {"faults": [{"step": 2, "kind": "slow", "rank": 0, "seconds": -1}]}},
+            "spikes.faults[0].seconds=-1 must be > 0",
+        ),
         (
             {"train": {"hang_timeout": 60, "hang_timeout_long": 30}},
             "train.hang_timeout_long=30.0 must be >= train.hang_timeout=60.0",

@@ -8,8 +8,8 @@ their features); everything here is generated from it. `schemas/config.schema.js
 a run config, `schemas/model.schema.json` a model preset (configs/models/), and
 `schemas/study.schema.json` a study file (its `config:` is a run config). An editor with the
 YAML language server validates and completes a file against them (docs/configuration.md,
-"Editor support"). CI runs --check (tests/test_config_schema.py), so neither the schemas nor
-the docs' tables can drift from the code.
+"Editor support"). CI runs --check (tests/test_config_schema.py), and so does `make lint`, so
+neither the schemas nor the docs' tables can drift from the code.
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ from pydantic_core import PydanticUndefined
 
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import Config, ModelConfig
-from pretrain.schema import admits_none, section_of, type_name, yaml_key
+from pretrain.schema import (
+    admits_none,
+    bounds_text,
+    field_bounds,
+    section_of,
+    type_name,
+    yaml_key,
+)
 from pretrain.study.file import StudyFile
 from pretrain.tables import pipe_table
 
@@ -107,7 +114,8 @@ def _value(v: Any) -> str:
 
 
 def field_table(model: type[BaseModel]) -> str:
-    """A section's markdown table: key, type, default, meaning (the field's description)."""
+    """A section's markdown table: key, type (with its bounds), default, meaning (the field's
+    description)."""
     rows = []
     for name, f in model.model_fields.items():
         if f.default is not PydanticUndefined:
@@ -116,7 +124,12 @@ def field_table(model: type[BaseModel]) -> str:
             default = _value(f.default_factory())  # type: ignore[call-arg]
         else:
             default = "required"
-        kind = type_name(f.annotation) + (" or null" if admits_none(f.annotation) else "")
+        bounds = bounds_text(field_bounds(f))
+        kind = (
+            type_name(f.annotation)
+            + (f" {bounds}" if bounds else "")
+            + (" or null" if admits_none(f.annotation) else "")
+        )
         meaning = (f.description or "").replace("\n", " ").replace("|", "\\|")
         rows.append([yaml_key(model, name), kind, default, meaning])
     return pipe_table(["key", "type", "default", "meaning"], rows)

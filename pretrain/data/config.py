@@ -4,11 +4,12 @@ or Megatron/NeoX), how samples are read, and packed-document options."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+import annotated_types
 from pydantic import Field, model_validator
 
-from pretrain.schema import Bool, ConfigError, Float, Int, Section
+from pretrain.schema import Bool, ConfigError, Float, Hint, Int, Section
 
 
 class DataConfig(Section):
@@ -18,7 +19,10 @@ class DataConfig(Section):
 
     train: list[str] = Field(default_factory=list)
     """prepared datasets: folders written by `tools/prepare_data.py` or megatron-core prefixes (PREFIX.bin + PREFIX.idx)"""
-    train_weights: list[Float] | None = None
+    train_weights: Annotated[
+        list[Annotated[Float, annotated_types.Ge(0)]] | None,
+        Hint("blend weights: non-negative, with a positive sum"),
+    ] = None
     """blend weights, one per `train` entry; null = proportional to their tokens"""
     valid: list[str] = Field(default_factory=list)
     """validation datasets; empty = no validation"""
@@ -49,7 +53,7 @@ class DataConfig(Section):
                 f"data.train_weights has {len(w)} entries but data.train has "
                 f"{len(self.train)}; give one weight per dataset"
             )
-        if any(x < 0 for x in w) or sum(w) <= 0:
+        if sum(w) <= 0:
             raise ConfigError(
                 f"data.train_weights={list(w)} must be non-negative with a positive sum"
             )

@@ -1,17 +1,19 @@
 """The `model:` section: one transformer covering Llama-style (sequential) and Pythia-style
 (parallel) models, with RoPE on any fraction of each head's dims, per-layer positions and
-windows. Its rules are the section's own validators; docs/configuration.md's table of it is
-generated from the descriptions below (tools/config_schema.py).
+windows. A field's own bounds and choices are constraints of the field (the JSON Schema has
+them too); the rules across fields are the section's validators; docs/configuration.md's
+table of it is generated from the descriptions below (tools/config_schema.py).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
+import annotated_types
 from pydantic import Field, model_validator
 
-from pretrain.schema import Bool, ConfigError, Float, Int, Section
+from pretrain.schema import Bool, ConfigError, Float, Hint, Int, Section
 
 
 def rotary_dims_from_fraction(fraction: float, head_dim: int) -> int:
@@ -56,44 +58,37 @@ class RopeScalingConfig(Section):
 
     type: Literal["linear", "ntk", "yarn", "dynamic_ntk", "llama3"] = "yarn"
     """How positions are stretched: linear, ntk, yarn, dynamic_ntk or llama3."""
-    factor: Float = 1.0
+    factor: Annotated[
+        Float, Hint("1 = no scaling; the factor is how many times longer than the trained length")
+    ] = Field(1.0, ge=1)
     """How many times longer than the trained length (1 = no scaling)."""
-    original_max_seq_len: Int | None = None
+    original_max_seq_len: Annotated[
+        Int | None, Hint("the length the model was trained at; null = model.max_seq_len")
+    ] = Field(None, gt=0)
     """The trained length; null = model.max_seq_len."""
-    beta_fast: Float = 32.0
+    beta_fast: Float = Field(32.0, gt=0)
     """yarn: rotations over the original length above which a frequency is kept."""
-    beta_slow: Float = 1.0
+    beta_slow: Float = Field(1.0, gt=0)
     """yarn: rotations below which a frequency is interpolated."""
     attention_factor: Float | None = None
     """yarn: the cos/sin multiplier; null = 0.1 ln(factor) + 1."""
     truncate: Bool = True
     """yarn: round the ramp's ends to whole dims (transformers' default)."""
-    low_freq_factor: Float = 1.0
+    low_freq_factor: Float = Field(1.0, gt=0)
     """llama3: wavelengths past original length / this are interpolated (Llama 3.1: 1)."""
-    high_freq_factor: Float = 4.0
+    high_freq_factor: Float = Field(4.0, gt=0)
     """llama3: wavelengths below original length / this are kept (Llama 3.1: 4)."""
 
     @model_validator(mode="after")
     def _check(self) -> RopeScalingConfig:
         _need(
-            self.factor >= 1.0,
-            f"model.rope_scaling.factor={self.factor} must be >= 1 (1 = no scaling; the factor "
-            f"is how many times longer than the trained length)",
+            self.beta_fast > self.beta_slow,
+            f"model.rope_scaling: beta_fast={self.beta_fast} must be > beta_slow={self.beta_slow}",
         )
         _need(
-            self.original_max_seq_len is None or self.original_max_seq_len > 0,
-            f"model.rope_scaling.original_max_seq_len={self.original_max_seq_len} must be a "
-            f"positive integer (the length the model was trained at), or null",
-        )
-        _need(
-            self.beta_fast > self.beta_slow > 0,
-            f"model.rope_scaling: beta_fast={self.beta_fast} must be > beta_slow="
-            f"{self.beta_slow} > 0",
-        )
-        _need(
-            self.high_freq_factor > self.low_freq_factor > 0,
+            self.high_freq_factor > self.low_freq_factor,
             f"model.rope_scaling: high_freq_factor={self.high_freq_factor} must be > "
-            f"low_freq_factor={self.low_freq_factor} > 0",
+            f"low_freq_factor={self.low_freq_factor}",
         )
         return self
 
@@ -103,23 +98,25 @@ class ModelConfig(Section):
 
     key = "model"
 
-    vocab_size: Int = 50277
+    vocab_size: Int = Field(50277, gt=0)
     """the tokenizer's vocabulary; must be >= the data's tokenizer (checked at start)"""
     pad_vocab_to_multiple: Int = 128
     """embedding rows are padded to a multiple (50277 -> 50304), as GPT-NeoX"""
-    n_layers: Int = 16
+    n_layers: Int = Field(16, gt=0)
     """transformer blocks"""
-    d_model: Int = 2048
+    d_model: Int = Field(2048, gt=0)
     """hidden size"""
-    n_heads: Int = 32
+    n_heads: Int = Field(32, gt=0)
     """query heads"""
-    n_kv_heads: Int | None = None
+    n_kv_heads: Annotated[Int | None, Hint("null = n_heads")] = Field(None, gt=0)
     """null = n_heads (MHA); fewer = grouped-query attention"""
-    head_dim_: Int | None = Field(None, alias="head_dim")
+    head_dim_: Annotated[Int | None, Hint("null = d_model / n_heads")] = Field(
+        None, alias="head_dim", gt=0
+    )
     """dims per head; null = d_model / n_heads. Set to decouple it (Qwen3: 16 heads x 128 on d_model 1024): q, k, v are n_heads (n_kv_heads) x head_dim wide and the output projection maps n_heads x head_dim back to d_model"""
-    d_ff: Int = 8192
+    d_ff: Int = Field(8192, gt=0)
     """MLP hidden size (per branch for SwiGLU)"""
-    max_seq_len: Int = 2048
+    max_seq_len: Int = Field(2048, gt=0)
     """longest sequence: RoPE cache and learned positions"""
     block: Literal["sequential", "parallel"] = "sequential"
     """`sequential` (Llama: x + attn(norm x), then + mlp) or `parallel` (Pythia/GPT-J)"""
@@ -135,9 +132,11 @@ class ModelConfig(Section):
     """biases in the MLP (the paper's runs)"""
     attn_bias: Bool = False
     """biases in the attention projections"""
-    rope_fraction: Float | None = 1.0
+    rope_fraction: Annotated[Float | None, Hint("0 for NoPE, 1 for full RoPE")] = Field(
+        1.0, ge=0, le=1
+    )
     """fraction of each head's dims that rotate; the nearest even number of dims; 0 = NoPE"""
-    rotary_dims: Int | None = None
+    rotary_dims: Int | None = Field(None, ge=0)
     """rotary dims given directly (then `rope_fraction: null`)"""
     rope_theta: Float = Field(10000.0, gt=0)
     """RoPE base"""
@@ -145,17 +144,19 @@ class ModelConfig(Section):
     """RoPE scaling for longer contexts (type, factor, original_max_seq_len, ...); null = none."""
     rope_spectrum: Literal["neox", "p_rope"] = "neox"
     """which frequencies the rotary dims carry: `neox` = theta^(-2i/r) over the r rotary dims (the paper, GPT-NeoX); `p_rope` = the r/2 highest of full RoPE's theta^(-2i/head_dim) (Barbero et al. 2025; not with `rope_scaling`). docs/model.md, "Positions by layer" """
-    nope_layers: list[Int] | None = None
+    nope_layers: Annotated[
+        list[Annotated[Int, annotated_types.Ge(0)]] | None, Hint("0-based layers")
+    ] = None
     """0-based layers without RoPE among RoPE ones, e.g. `[3, 7, 11, 15]`"""
     nope_every: Int | None = Field(None, ge=2)
     """k: layer i is NoPE when (i + 1) % k == 0 (SmolLM3's `no_rope_layer_interval`; 4 = SmolLM3, Llama 4). Not with `nope_layers`"""
-    sliding_window: Int | None = None
+    sliding_window: Annotated[Int | None, Hint("tokens; null = full attention")] = Field(None, ge=1)
     """W: sliding layers attend to themselves and the W - 1 tokens before (transformers' rule); null = full attention everywhere"""
-    sliding_window_pattern: Int | None = None
+    sliding_window_pattern: Annotated[Int | None, Hint("null: all slide")] = Field(None, ge=2)
     """k: layer i is full attention when (i + 1) % k == 0, the others slide (Gemma 3: 6, Cohere 2: 4); null with `sliding_window` = every layer slides (Mistral)"""
     layer_types: list[Literal["full", "sliding"]] | None = None
     """one `full` / `sliding` per layer instead of the pattern"""
-    global_rope_theta: Float | None = None
+    global_rope_theta: Annotated[Float | None, Hint("null = rope_theta")] = Field(None, gt=0)
     """RoPE theta of the full layers when some slide (Gemma 3: 1e6, with `rope_theta: 10000` on the sliding ones); null = `rope_theta`. Global NoPE (Cohere 2): `nope_every` = `sliding_window_pattern`"""
     alibi: Bool = False
     """ALiBi (Press et al. 2022): -slope_h x (i - j) on every layer's logits, slopes 2^(-8h/n_heads); combine with `rope_fraction: 0` for the paper's ALiBi-only model. Not with `attn_logit_softcap`"""
@@ -163,11 +164,11 @@ class ModelConfig(Section):
     """add learned absolute position embeddings"""
     qk_norm: Bool = False
     """normalize q and k per head over head_dim, before RoPE"""
-    attn_logit_softcap: Float = 0.0
+    attn_logit_softcap: Annotated[Float, Hint("0 = off")] = Field(0.0, ge=0)
     """attention-logit soft cap (Gemma 2): logits -> cap x tanh(logits / cap); 0 = off (the paper). On, attention runs unfused (no SDPA kernel); exports as remote code (docs/training.md, "Loss spikes")"""
     tie_embeddings: Bool = False
     """share input and output embedding matrices"""
-    dropout: Float = 0.0
+    dropout: Float = Field(0.0, ge=0, lt=1)
     """embedding, attention and residual dropout"""
     init: Literal["normal", "scaled_normal", "small_init"] = "normal"
     """`normal` (N(0, init_std), the paper), `scaled_normal` (GPT-2 output scaling), `small_init` (GPT-NeoX small_init + wang_init)"""
@@ -235,30 +236,16 @@ class ModelConfig(Section):
     def check(self) -> None:
         """The shape and position rules (run when the section is built)."""
         need = _need
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"):
-            value = getattr(self, name)
-            need(value > 0, f"model.{name}={value} must be a positive integer")
         if self.head_dim_ is None:
             need(
                 self.d_model % self.n_heads == 0,
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads};"
                 f" choose n_heads among the divisors of d_model, or set model.head_dim",
             )
-        else:
-            need(
-                self.head_dim_ > 0,
-                f"model.head_dim={self.head_dim_} must be a positive integer (null: d_model / "
-                f"n_heads)",
-            )
         need(
-            self.kv_heads > 0 and self.n_heads % self.kv_heads == 0,
+            self.n_heads % self.kv_heads == 0,
             f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={self.n_kv_heads}; "
             f"use a divisor of n_heads (e.g. {self.n_heads} for MHA, or 1 for multi-query)",
-        )
-        need(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
-        need(
-            self.attn_logit_softcap >= 0.0,
-            f"model.attn_logit_softcap={self.attn_logit_softcap} must be >= 0 (0 = off)",
         )
         need(
             self.rotary_dims is None or self.rope_fraction in (None, 1.0),
@@ -268,7 +255,7 @@ class ModelConfig(Section):
         hd = self.head_dim
         if self.rotary_dims is not None:
             r = self.rotary_dims
-            need(0 <= r <= hd, f"model.rotary_dims={r} must be in [0, head_dim={hd}]")
+            need(r <= hd, f"model.rotary_dims={r} must be in [0, head_dim={hd}]")
             need(
                 r % 2 == 0,
                 f"model.rotary_dims={r} is odd; rotary pairs need an even number: "
@@ -276,7 +263,7 @@ class ModelConfig(Section):
             )
         else:
             f = self.rope_fraction if self.rope_fraction is not None else 0.0
-            r = rotary_dims_from_fraction(f, hd)  # raises for f outside [0, 1]
+            r = rotary_dims_from_fraction(f, hd)
             need(
                 not (f > 0 and r == 0),
                 f"model.rope_fraction={f} gives 0 rotary dims for head_dim {hd}; use "
@@ -304,7 +291,7 @@ class ModelConfig(Section):
                 f"model.{name} with 0 rotary dims: every layer is NoPE already; remove model.{name}",
             )
         if self.nope_layers is not None:
-            bad = [i for i in self.nope_layers if not 0 <= i < n]
+            bad = [i for i in self.nope_layers if i >= n]
             need(not bad, f"model.nope_layers={self.nope_layers}: {bad} outside [0, n_layers={n})")
             need(
                 len(set(self.nope_layers)) == len(self.nope_layers),
@@ -315,7 +302,6 @@ class ModelConfig(Section):
                 f"model.nope_layers lists all {n} layers; use rope_fraction: 0 for NoPE everywhere",
             )
         w = self.sliding_window
-        need(w is None or w >= 1, f"model.sliding_window={w} must be >= 1 tokens, or null")
         for name in ("sliding_window_pattern", "layer_types", "global_rope_theta"):
             need(
                 getattr(self, name) is None or w is not None,
@@ -325,19 +311,13 @@ class ModelConfig(Section):
             self.sliding_window_pattern is None or self.layer_types is None,
             "model.sliding_window_pattern and model.layer_types are both set; set only one",
         )
-        k = self.sliding_window_pattern
-        need(
-            k is None or k >= 2, f"model.sliding_window_pattern={k} must be >= 2 (null: all slide)"
-        )
         types = self.layer_types
         need(
             types is None or len(types) == n,
             f"model.layer_types has {len(types or [])} entries; give one per layer ({n})",
         )
-        g = self.global_rope_theta
-        need(g is None or g > 0, f"model.global_rope_theta={g} must be a positive number, or null")
         need(
-            g is None or "full" in self.attention_types,
+            self.global_rope_theta is None or "full" in self.attention_types,
             "model.global_rope_theta is set but no layer is full attention; set "
             "model.sliding_window_pattern or model.layer_types, or remove it",
         )
