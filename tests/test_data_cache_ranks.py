@@ -50,7 +50,8 @@ def _rank_main(
     """One rank: for each scenario, build the datasets and report (digest or error line)."""
     import torch.distributed as dist
 
-    from pretrain.data.dataset import DataError, build_datasets
+    from pretrain.data.dataset import build_datasets
+    from pretrain.data.prefixes import DataError
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"

@@ -15,9 +15,11 @@ from conftest import shared_path
 
 from pretrain.config import DataConfig
 from pretrain.data import megatron_compat
-from pretrain.data.dataset import DataError, build_datasets, make_loader, tokenizer_for_data
+from pretrain.data.dataset import build_datasets, make_loader
 from pretrain.data.megatron_compat import import_quietly
-from pretrain.data.prepare import prepare, read_manifest
+from pretrain.data.prefixes import DataError, tokenizer_for_data
+from pretrain.data.prepare import prepare
+from pretrain.data.shards import read_manifest
 from pretrain.data.tokenizer import ByteTokenizer
 
 SEQ = 64

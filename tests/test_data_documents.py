@@ -123,7 +123,7 @@ def test_a_switch_without_an_end_of_document_token_is_one_line(tmp_path):
 def test_attended_fraction_counts_the_pairs_the_mask_keeps(paragraphs):
     from pretrain.data.dataset import document_lengths
     from pretrain.data.documents import attended_fraction
-    from pretrain.data.prepare import read_manifest
+    from pretrain.data.shards import read_manifest
 
     lengths = document_lengths([str(paragraphs)])
     manifest = read_manifest(paragraphs / "train")

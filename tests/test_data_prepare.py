@@ -13,9 +13,11 @@ import pytest
 from conftest import shared_path
 
 from pretrain.data.megatron_compat import import_quietly
-from pretrain.data.prepare import PrepareError, in_valid, prepare, read_manifest
+from pretrain.data.prepare import prepare
 from pretrain.data.recipes import prepare_enwik8, prepare_tinyshakespeare
+from pretrain.data.shards import PrepareError, read_manifest
 from pretrain.data.sources import SourceError
+from pretrain.data.tokenize_workers import in_valid
 from pretrain.data.tokenizer import load_tokenizer
 
 NEOX = ("tokenizers", "gpt-neox-20b_tokenizer.json")
@@ -534,12 +536,12 @@ def _cli_paused_after_shards(argv: list[str], stderr_path: str, paused_path: str
     import signal
     import time
 
-    from pretrain.data import prepare as prep
+    from pretrain.data.shards import SplitWriter
 
     # Ctrl-C in a terminal. A suite started in the background (`nohup ... &`) inherits an
     # ignored SIGINT, which prepare_data rightly leaves ignored; the test is about the keypress.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    close_shard = prep._SplitWriter.close_shard
+    close_shard = SplitWriter.close_shard
 
     def close_and_hold(self, end_unit: int) -> None:
         close_shard(self, end_unit)  # the shard and the manifest naming it are on disk now
@@ -548,7 +550,7 @@ def _cli_paused_after_shards(argv: list[str], stderr_path: str, paused_path: str
             while True:  # stop_on_signals' handler raises out of this sleep
                 time.sleep(3600)
 
-    prep._SplitWriter.close_shard = close_and_hold
+    SplitWriter.close_shard = close_and_hold
     _cli_with_stderr(argv, stderr_path)
 
 

@@ -197,14 +197,14 @@ def test_evaluate_val_on_a_prepared_split(tmp_path, monkeypatch):
 
     # A validation split that yields no scored token is a one-line error naming the data, not
     # a traceback (the fault is simulated: every label masked).
-    import pretrain.eval.suite as suite_module
+    import pretrain.eval.validation as validation_module
 
-    real = suite_module.evaluate_loss
+    real = validation_module.evaluate_loss
 
     def all_masked(model, batches, **kw):
         return real(
             model, ({**b, "labels": torch.full_like(b["labels"], -100)} for b in batches), **kw
         )
 
-    monkeypatch.setattr(suite_module, "evaluate_loss", all_masked)
+    monkeypatch.setattr(validation_module, "evaluate_loss", all_masked)
     assert cli.main(["--run", str(tmp_path / "run"), "--tasks", "none", "--val"]) == 2

@@ -48,8 +48,9 @@ def _config(run, data) -> Config:
 
 def _train(cfg: Config, inject_at: int | None) -> int:
     """Train on the real stdlib data; optionally replace one step's batch with random bytes."""
-    from pretrain.data.dataset import build_datasets, make_loader, tokenizer_for_data
+    from pretrain.data.dataset import build_datasets, make_loader
     from pretrain.data.pipeline import DataSource
+    from pretrain.data.prefixes import tokenizer_for_data
     from pretrain.train.trainer import train
 
     t = cfg.train

@@ -111,7 +111,7 @@ def _reference(input_path: Path, spec: str, workers: int, out: Path) -> int:
     import numpy as np
 
     from pretrain.data.megatron_compat import import_quietly
-    from pretrain.data.prepare import token_dtype
+    from pretrain.data.shards import token_dtype
     from pretrain.data.tokenizer import load_tokenizer
 
     idx_mod = import_quietly("megatron.core.datasets.indexed_dataset")

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         # Offline: nothing may reach for the hub (set before the datasets library is imported).
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pretrain.eval.suite import evaluate
+    from pretrain.eval.checkpoint_eval import evaluate
 
     limit = args.limit
     if limit is not None and limit >= 1:

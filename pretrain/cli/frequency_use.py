@@ -32,8 +32,9 @@ from tqdm import tqdm
 
 from pretrain.analysis.frequency_use import frequency_use, summary_table, write_frequency_use
 from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.data.dataset import DataError, read_token_stream, resolve_entry
-from pretrain.data.prepare import TOKENIZER_DIR
+from pretrain.data.dataset import read_token_stream
+from pretrain.data.prefixes import DataError, resolve_entry
+from pretrain.data.shards import TOKENIZER_DIR
 from pretrain.data.tokenizer import Tokenizer, load_tokenizer
 from pretrain.errors import UserError
 from pretrain.hf.folder import read_hf_folder

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import to_dict
+from pretrain.eval.checkpoint_eval import default_output_dir
 from pretrain.eval.lengths import LengthError, parse_lengths, parse_rope_scaling
 from pretrain.eval.passkey import parse_depths, run_passkey, write_passkey
-from pretrain.eval.suite import EvalError, default_output_dir
+from pretrain.eval.suite import EvalError
 from pretrain.run_layout import CHECKPOINTS_DIR
 from pretrain.weights import WeightsError, find_weights_dir
 

@@ -28,8 +28,10 @@ import sys
 from pathlib import Path
 
 from pretrain.cli.errors import ArgumentParser, user_errors
-from pretrain.data import prepare as prep
 from pretrain.data import recipes
+from pretrain.data.prepare import DEFAULT_DOCS_PER_UNIT, DEFAULT_SHARD_TOKENS, prepare
+from pretrain.data.shards import PrepareError, progress_summary
+from pretrain.data.tokenize_workers import stop_on_signals
 
 RECIPES = ("stdlib", "tinyshakespeare", "enwik8", "text8")
 
@@ -97,14 +99,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--shard-tokens",
         type=float,
-        default=prep.DEFAULT_SHARD_TOKENS,
+        default=DEFAULT_SHARD_TOKENS,
         help="start a new shard after this many tokens (default 1e9 = 2 GB of uint16); keeps "
         "every index small",
     )
     p.add_argument(
         "--docs-per-unit",
         type=int,
-        default=prep.DEFAULT_DOCS_PER_UNIT,
+        default=DEFAULT_DOCS_PER_UNIT,
         help="documents per work unit for jsonl/txt input (parquet units are row groups); the "
         "unit is the granularity of parallelism and of resuming",
     )
@@ -131,12 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     progress = not args.no_progress
     try:
-        with prep.stop_on_signals():
+        with stop_on_signals():
             _prepare(args, progress)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         print(
-            f"interrupted by {signal.Signals(signum).name}; {prep.progress_summary(args.output)}; "
+            f"interrupted by {signal.Signals(signum).name}; {progress_summary(args.output)}; "
             f"rerun the same command to resume",
             file=sys.stderr,
         )
@@ -149,7 +151,7 @@ def _prepare(args: argparse.Namespace, progress: bool) -> None:
     for folder in (out, *out.parents):
         if folder.exists() and not folder.is_dir():
             where = "" if folder == out else f" (in --output {out})"
-            raise prep.PrepareError(
+            raise PrepareError(
                 f"--output: {folder}{where} is a file, not a folder; choose a folder path"
             )
     if args.recipe == "stdlib":
@@ -162,7 +164,7 @@ def _prepare(args: argparse.Namespace, progress: bool) -> None:
         )
     elif args.recipe:
         if not args.input or len(args.input) != 1:
-            raise prep.PrepareError(f"--recipe {args.recipe} needs --input with its one file")
+            raise PrepareError(f"--recipe {args.recipe} needs --input with its one file")
         fn = {
             "tinyshakespeare": recipes.prepare_tinyshakespeare,
             "enwik8": recipes.prepare_enwik8,
@@ -171,10 +173,8 @@ def _prepare(args: argparse.Namespace, progress: bool) -> None:
         fn(args.output, args.input[0], progress=progress, overwrite=args.overwrite)
     else:
         if not args.tokenizer:
-            raise prep.PrepareError(
-                "--tokenizer is required (e.g. path/to/tokenizer.json or 'bytes')"
-            )
-        prep.prepare(
+            raise PrepareError("--tokenizer is required (e.g. path/to/tokenizer.json or 'bytes')")
+        prepare(
             args.output,
             args.tokenizer,
             inputs=args.input,

@@ -6,34 +6,31 @@
     loader = make_loader(train_ds, global_batch=gbs, micro_batch=mbs, dp_rank=r, dp_world=w,
                          consumed_samples=restored_position, num_workers=cfg.data.num_workers)
 
-Each `data.train` / `data.valid` entry is either
-  - a folder written by tools/prepare_data.py (holding manifest.json and shards), or its parent
-    (OUT resolves to OUT/train for data.train and OUT/valid for data.valid); its shards join
-    the blend with weights proportional to their tokens;
-  - a megatron-core prefix PREFIX (PREFIX.bin + PREFIX.idx), e.g. made by GPT-NeoX's or
-    Megatron-LM's preprocess_data.py.
+Each `data.train` / `data.valid` entry is a prepared folder (its shards join the blend with
+weights proportional to their tokens) or a megatron-core PREFIX of PREFIX.bin + PREFIX.idx;
+pretrain/data/prefixes.py resolves and checks them and finds their tokenizer.
 Entries are blended by `data.train_weights` (or by their token counts). Samples are seq_len+1
 consecutive tokens of the shuffled document stream, crossing document boundaries (megatron's
-GPTDataset); the order is fixed by the seed, and megatron caches it beside the data.
+GPTDataset); the order is fixed by the seed, and megatron caches it beside the data
+(pretrain/data/index_cache.py coordinates building it across ranks and nodes).
 
 The loader's order: global batch g holds samples [c + g*GB, c + (g+1)*GB) where c is
 `consumed_samples`; rank r reads only its contiguous slice of GB/world samples, in micro
 batches. The same samples are trained on whatever the number of ranks, and a run resumed
 at c continues exactly where it stopped.
+
+Besides megatron's samples, the entries' tokens in file order (`read_token_stream`, for length
+evaluation) and their documents' lengths (`document_lengths`, for the planner's document
+masking figures), read from the files directly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
 import os
-import socket
 import struct
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,200 +38,19 @@ import torch
 
 from pretrain.config import ConfigError, DataConfig
 from pretrain.data.documents import DocumentSwitches
+from pretrain.data.index_cache import build_on_ranks, index_cache_dir, single_process_rank
 from pretrain.data.megatron_compat import import_quietly
-from pretrain.data.prepare import MANIFEST, PrepareError, read_manifest
-from pretrain.data.tokenizer import Tokenizer, load_tokenizer
-from pretrain.errors import UserError
+from pretrain.data.prefixes import (
+    IDX_HEADER,
+    DataError,
+    Prefix,
+    resolve_entry,
+    resolve_split,
+    tokenizer_for_data,
+)
+from pretrain.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-_IDX_MAGIC = b"MMIDIDX\x00\x00"
-_IDX_HEADER = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence count, document count
-
-
-class DataError(UserError, ValueError):
-    """Training data is missing, incomplete or damaged; the message names the file and the fix."""
-
-    label = "data error"
-
-
-# ----------------------------------------------------------------------------- resolving entries
-
-
-@dataclass
-class Prefix:
-    """One .bin/.idx pair and what it holds."""
-
-    path: str  # absolute prefix, without .bin/.idx
-    tokens: int
-    documents: int
-    manifest: dict | None  # the prepared folder's manifest, when it came from one
-    folder: Path | None
-
-
-def check_prefix(prefix: str | Path, key: str = "data") -> tuple[int, int]:
-    """(tokens, documents) of an indexed dataset, after checking that .idx and .bin agree.
-
-    megatron-core asserts (or reads garbage) on a damaged pair; this says what is wrong.
-    """
-    idx, bin_ = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
-    for p in (idx, bin_):
-        if not p.is_file():
-            raise DataError(
-                f"{key}: {p} not found; a data prefix needs both {idx.name} and {bin_.name}"
-            )
-    size = idx.stat().st_size
-    if size < _IDX_HEADER:
-        raise DataError(
-            f"{key}: {idx} is {'empty' if size == 0 else 'truncated'} ({size} bytes); prepare the data again"
-        )
-    with open(idx, "rb") as f:
-        head = f.read(_IDX_HEADER)
-    if head[:9] != _IDX_MAGIC:
-        raise DataError(f"{key}: {idx} is not a megatron indexed-dataset index (bad header)")
-    version, code, n_seq, n_doc = struct.unpack("<QBQQ", head[9:])
-    DType = import_quietly("megatron.core.datasets.indexed_dataset").DType
-    try:
-        itemsize = DType.size(code)
-    except ValueError:
-        raise DataError(f"{key}: {idx} names an unknown token dtype code {code}") from None
-    expected = _IDX_HEADER + n_seq * 4 + n_seq * 8 + n_doc * 8
-    if version != 1 or size not in (expected, expected + n_seq):  # + n_seq: multimodal modes
-        raise DataError(
-            f"{key}: {idx} is damaged: {size} bytes where its header implies {expected}; "
-            f"prepare the data again"
-        )
-    lengths = np.fromfile(idx, dtype=np.int32, count=n_seq, offset=_IDX_HEADER)
-    tokens = int(lengths.sum(dtype=np.int64))
-    if bin_.stat().st_size != tokens * itemsize:
-        raise DataError(
-            f"{key}: {bin_} has {bin_.stat().st_size} bytes but {idx.name} describes {tokens} tokens "
-            f"x {itemsize} bytes = {tokens * itemsize}: the .bin is truncated or the .idx belongs to "
-            f"another dataset; prepare the data again"
-        )
-    if tokens == 0:
-        raise DataError(f"{key}: {prefix} holds no tokens")
-    return tokens, max(n_doc - 1, 0)
-
-
-def _resolve_folder(entry: str, split: str, key: str) -> Path | None:
-    p = Path(entry)
-    if not p.is_dir():
-        return None
-    if (p / MANIFEST).is_file():
-        return p
-    if (p / split / MANIFEST).is_file():
-        return p / split
-    raise DataError(
-        f"{key}: {entry} is a folder without {MANIFEST} (nor {split}/{MANIFEST}); "
-        f"prepare it with tools/prepare_data.py, or name a PREFIX of PREFIX.bin/.idx"
-    )
-
-
-def resolve_entry(entry: str, split: str, key: str) -> list[Prefix]:
-    """The prefixes behind one data.train / data.valid entry."""
-    folder = _resolve_folder(entry, split, key)
-    if folder is None:
-        prefix = str(Path(entry).expanduser().resolve())
-        if prefix.endswith((".bin", ".idx")):
-            prefix = prefix[:-4]
-        if not (Path(prefix + ".bin").exists() or Path(prefix + ".idx").exists()):
-            raise DataError(
-                f"{key}: {entry} not found (neither a prepared folder nor a PREFIX.bin/.idx pair)"
-            )
-        tokens, docs = check_prefix(prefix, key)
-        return [Prefix(prefix, tokens, docs, None, None)]
-    try:
-        manifest = read_manifest(folder)
-    except PrepareError as e:
-        raise DataError(f"{key}: {e}") from None
-    if not manifest.get("complete"):
-        raise DataError(
-            f"{key}: {folder} is only partly prepared; rerun the same prepare_data.py "
-            f"command to finish it (finished shards are kept)"
-        )
-    if not manifest["shards"]:
-        raise DataError(f"{key}: {folder} holds no documents")
-    out = []
-    for shard in manifest["shards"]:
-        prefix = str((folder / shard["prefix"]).resolve())
-        tokens, docs = check_prefix(prefix, key)
-        if tokens != shard["tokens"]:
-            raise DataError(
-                f"{key}: {prefix} holds {tokens} tokens but the manifest records "
-                f"{shard['tokens']}; prepare the data again"
-            )
-        out.append(Prefix(prefix, tokens, docs, manifest, folder))
-    return out
-
-
-def _resolve_split(
-    entries: list[str], weights: list[float] | None, split: str, key: str
-) -> tuple[list[str], list[float], list[Prefix]]:
-    """Flatten entries into prefixes with weights: each entry's weight spread over its shards by tokens."""
-    if weights is not None and len(weights) != len(entries):
-        raise DataError(
-            f"data.train_weights has {len(weights)} values for {len(entries)} data.train entries; "
-            f"give one weight per entry, or null to weight by size"
-        )
-    if weights is not None and (min(weights, default=0) < 0 or sum(weights) <= 0):
-        raise DataError(f"data.train_weights={weights} must be non-negative with a positive sum")
-    paths, flat, prefixes = [], [], []
-    for i, entry in enumerate(entries):
-        parts = resolve_entry(entry, split, f"{key}[{i}]")
-        entry_tokens = sum(p.tokens for p in parts)
-        w = entry_tokens if weights is None else weights[i]
-        if w == 0:
-            continue
-        for p in parts:
-            paths.append(p.path)
-            flat.append(w * p.tokens / entry_tokens)
-            prefixes.append(p)
-    return paths, flat, prefixes
-
-
-# ----------------------------------------------------------------------------- tokenizer
-
-
-def _manifests(data: DataConfig) -> list[tuple[str, dict, Path]]:
-    out = []
-    for split, entries in (("train", data.train), ("valid", data.valid)):
-        for i, entry in enumerate(entries):
-            folder = _resolve_folder(entry, split, f"data.{split}[{i}]")
-            if folder is not None:
-                out.append((f"data.{split}[{i}]", read_manifest(folder), folder))
-    return out
-
-
-def tokenizer_for_data(data: DataConfig) -> Tokenizer:
-    """The tokenizer of `data`: data.tokenizer, else the one saved with the first prepared entry.
-
-    Refuses data whose manifests record a different tokenizer: training on ids that the model's
-    tokenizer would decode differently loses the run silently.
-    """
-    if not data.train:
-        raise DataError("data.train is empty; name at least one prepared folder or data prefix")
-    manifests = _manifests(data)
-    if data.tokenizer:
-        tok = load_tokenizer(data.tokenizer)
-        source = f"data.tokenizer={data.tokenizer}"
-    elif manifests:
-        key, manifest, folder = manifests[0]
-        tok = load_tokenizer(folder / manifest.get("tokenizer_dir", "../tokenizer"))
-        source = f"the tokenizer saved with {key}"
-    else:
-        raise DataError(
-            "data.tokenizer is null and no data.train entry has a manifest to take it from; "
-            "set data.tokenizer (e.g. the tokenizer.json the data was made with)"
-        )
-    for key, manifest, folder in manifests:
-        recorded = manifest["tokenizer"]
-        if recorded["sha256"] != tok.sha256:
-            raise DataError(
-                f"{key}: {folder} was tokenized with {recorded['identifier']} but {source} is "
-                f"{tok.identifier}; use the tokenizer the data was prepared with"
-            )
-    return tok
 
 
 class _MegatronTokenizer:
@@ -293,7 +109,7 @@ def read_token_stream(entries: list[str], limit: int, key: str = "data.valid") -
             if left <= 0:
                 break
             with open(f"{prefix.path}.idx", "rb") as f:
-                code = struct.unpack("<QBQQ", f.read(_IDX_HEADER)[9:])[1]
+                code = struct.unpack("<QBQQ", f.read(IDX_HEADER)[9:])[1]
             DType = import_quietly("megatron.core.datasets.indexed_dataset").DType
             tokens = np.memmap(f"{prefix.path}.bin", dtype=DType.dtype_from_code(code), mode="r")
             take = min(left, tokens.shape[0])
@@ -372,163 +188,6 @@ class TokenDataset(torch.utils.data.Dataset):
         return sum(p.tokens for p in self.prefixes)
 
 
-def _cache_dir(data: DataConfig, first_prefix: str) -> Path:
-    return Path(data.cache_dir) if data.cache_dir else Path(first_prefix).parent / "cache"
-
-
-def _check_cache_writable(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write_test_{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise DataError(
-            f"data.cache_dir: cannot write megatron's index cache to {path} ({e}); "
-            f"set data.cache_dir to a writable folder"
-        ) from None
-
-
-@contextlib.contextmanager
-def _single_process_rank() -> Iterator[None]:
-    """While megatron-core builds, it sees one process: rank 0, no process group.
-
-    Every rank that calls the builder then builds the index files it misses and loads those
-    it finds; megatron's own protocol (rank 0 builds, a barrier, the others load and die of a
-    FileNotFoundError on a node that cannot see rank 0's folder) never runs.
-    `_build_on_ranks` coordinates the ranks instead. Without a process group this also lets
-    megatron-core 0.16.1's BlendedDataset, which calls get_rank() unchecked, blend at all.
-    """
-    dist = torch.distributed
-    original = dist.is_initialized, dist.get_rank
-    dist.is_initialized = lambda: False
-    dist.get_rank = lambda group=None: 0
-    try:
-        yield
-    finally:
-        dist.is_initialized, dist.get_rank = original
-
-
-def _process_group() -> tuple[int, int] | None:
-    """(rank, world size) of an initialised process group of more than one process, else None."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_rank(), dist.get_world_size()
-    return None
-
-
-def _cache_files(datasets, cache: Path) -> list[str]:
-    """Names of the index files in `cache` that the built datasets read (megatron names them
-    HASH-CLASS-SPLIT-*.npy / description.txt by each dataset's unique_description_hash)."""
-    hashes, todo = set(), [d for d in datasets if d is not None]
-    while todo:
-        ds = todo.pop()
-        hashes.add(ds.unique_description_hash)
-        todo.extend(getattr(ds, "datasets", None) or [])  # a blend's parts
-    return sorted(n for n in os.listdir(cache) if n.split("-", 1)[0] in hashes)
-
-
-def _missing(cache: Path, names: list[str]) -> list[str]:
-    try:
-        present = set(os.listdir(cache))
-    except OSError:
-        present = set()
-    return [n for n in names if n not in present]
-
-
-def _on_every_rank(fn: Callable[[], Any], rank: int, world: int) -> Any:
-    """fn() on this rank; when it fails on any rank, every rank raises the same one-line
-    DataError (the failing rank keeps its own exception), so that no rank waits forever in a
-    collective for a rank that died, nor dies of the closed connection it leaves."""
-    try:
-        out, error = fn(), None
-    except DataError as e:
-        out, error, own = None, str(e), e
-    except Exception as e:  # anything else: this rank re-raises it with its traceback
-        out, error, own = None, f"{type(e).__name__}: {e}", e
-    errors: list[str | None] = [None] * world
-    torch.distributed.all_gather_object(errors, error)
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if not failed:
-        return out
-    if error is not None and not isinstance(own, DataError):
-        raise own
-    first_rank, first = failed[0]
-    if all(e == first for _, e in failed) and len(failed) == world:
-        raise DataError(first)
-    raise DataError(f"rank {first_rank}: {first}")
-
-
-def _build_on_ranks(build: Callable[[], Any], cache: Path) -> Any:
-    """Build the datasets and megatron's index cache on every rank, the cache only once where
-    the ranks share the folder.
-
-    One process: build (writing the cache). Several: rank 0 builds while the others wait; rank
-    0 names the cache files; each rank checks that it sees them. Where a rank does not (the
-    folder is on a node-local disk), the first process of each node (LOCAL_RANK 0) that lacks
-    them builds its node's copy; if a rank still lacks them, every rank stops with one line
-    naming data.cache_dir. Then every rank loads. Each step ends in a collective, so an error
-    on one rank stops all of them with the same line.
-    """
-    group = _process_group()
-    if group is None:
-        _check_cache_writable(cache)
-        return build()
-    rank, world = group
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-
-    def build_first():
-        _check_cache_writable(cache)
-        return build()
-
-    built = _on_every_rank(build_first if rank == 0 else lambda: None, rank, world)
-    names = [_cache_files(built, cache) if rank == 0 else None]
-    torch.distributed.broadcast_object_list(names, src=0)
-    names = names[0]
-    missing = _missing(cache, names)
-    if missing:  # a file system that shows new files late: look once more
-        time.sleep(1.0)
-        missing = _missing(cache, names)
-    views: list[tuple[str, int, str] | None] = [None] * world
-    torch.distributed.all_gather_object(views, (socket.gethostname(), len(missing), str(cache)))
-    if any(n for _, n, _ in views):
-        lacking = sorted({host for host, n, _ in views if n})
-        if rank == 0:
-            log.warning(
-                "data.cache_dir: %s is not shared by every node (%s cannot see the %d index "
-                "files rank 0 wrote); the first process of each such node builds its own "
-                "copy. Set data.cache_dir to a folder all nodes share to build it once",
-                cache,
-                ", ".join(lacking),
-                len(names),
-            )
-        own_copy = local_rank == 0 and bool(missing)
-
-        def build_copy():
-            if own_copy:
-                _check_cache_writable(cache)
-                return build()
-            return None
-
-        copy = _on_every_rank(build_copy, rank, world)
-        built = built if rank == 0 else copy
-        torch.distributed.barrier()
-        missing = _missing(cache, names)
-        views = [None] * world
-        torch.distributed.all_gather_object(views, (socket.gethostname(), len(missing), str(cache)))
-        still = [(r, host, folder) for r, (host, n, folder) in enumerate(views) if n]
-        if still:
-            r, host, folder = still[0]
-            raise DataError(
-                f"data.cache_dir: rank {r} on {host} cannot see megatron's index cache in {folder}, "
-                f"not even after the first process of its node (LOCAL_RANK=0) built a copy; set "
-                f"data.cache_dir to a folder that all nodes share, or to a node-local folder that "
-                f"all ranks of a node share (and launch with LOCAL_RANK set)"
-            )
-    # Every rank now sees every file: the others load (rank 0 and the node copies are built).
-    return _on_every_rank(lambda: built if built is not None else build(), rank, world)
-
-
 def build_datasets(
     data: DataConfig, seq_len: int, seed: int, train_samples: int, valid_samples: int
 ) -> tuple[TokenDataset, TokenDataset | None]:
@@ -536,20 +195,20 @@ def build_datasets(
 
     Call on every rank: with torch.distributed initialised, rank 0 builds the index cache
     first and the others read it; on nodes that cannot see rank 0's cache folder the first
-    process of the node builds a copy (see `_build_on_ranks`).
+    process of the node builds a copy (see index_cache.build_on_ranks).
     """
     if train_samples <= 0:
         raise DataError(f"train_samples={train_samples} must be positive")
     tok = tokenizer_for_data(data)
     documents = DocumentSwitches.of(data, tok.eod_id, f"the tokenizer {tok.identifier}")
-    train_paths, train_w, train_prefixes = _resolve_split(
+    train_paths, train_w, train_prefixes = resolve_split(
         data.train, data.train_weights, "train", "data.train"
     )
     if not train_paths:
         raise DataError("data.train has no entry with a positive weight")
     valid_paths, valid_w, valid_prefixes = ([], [], [])
     if data.valid and valid_samples > 0:
-        valid_paths, valid_w, valid_prefixes = _resolve_split(
+        valid_paths, valid_w, valid_prefixes = resolve_split(
             data.valid, None, "valid", "data.valid"
         )
 
@@ -562,7 +221,7 @@ def build_datasets(
         # One prefix: no blend. Several: explicit weights, which megatron needs with a size.
         return (paths, None) if len(paths) == 1 else (paths, weights)
 
-    cache = _cache_dir(data, train_paths[0])
+    cache = index_cache_dir(data, train_paths[0])
     config = GPTDataset.GPTDatasetConfig(
         random_seed=seed,
         sequence_length=seq_len,
@@ -579,7 +238,7 @@ def build_datasets(
 
     def build():
         try:
-            with _single_process_rank():
+            with single_process_rank():
                 return builder_mod.BlendedMegatronDatasetBuilder(
                     GPTDataset.GPTDataset, sizes, lambda: True, config
                 ).build()
@@ -588,7 +247,7 @@ def build_datasets(
                 f"megatron-core could not build samples from data.train/data.valid ({type(e).__name__}: {e})"
             ) from None
 
-    train, valid, _ = _build_on_ranks(build, cache)
+    train, valid, _ = build_on_ranks(build, cache)
     log.info(
         "train: %d samples of %d tokens from %d prefixes (%d tokens)%s",
         len(train),
@@ -680,13 +339,12 @@ def make_loader(
 
 
 __all__ = [
-    "DataError",
     "GlobalBatchSampler",
     "TokenDataset",
     "advise_random",
     "bin_mappings",
     "build_datasets",
-    "check_prefix",
+    "document_lengths",
     "make_loader",
-    "tokenizer_for_data",
+    "read_token_stream",
 ]

@@ -14,6 +14,7 @@ import torch
 
 from pretrain.config import Config
 from pretrain.data.config import check_data_paths, check_vocab
+from pretrain.data.prefixes import tokenizer_for_data
 from pretrain.data.recipes import prepare_stdlib_corpus
 
 
@@ -108,7 +109,7 @@ def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     train, valid = dataset.build_datasets(
         cfg.data, cfg.seq_len, t.seed, t.train_iters * t.global_batch_size, valid_samples
     )
-    tokenizer = dataset.tokenizer_for_data(cfg.data)
+    tokenizer = tokenizer_for_data(cfg.data)
     check_vocab(cfg.model.vocab_size, tokenizer.vocab_size)
     return DataSource(train, valid, dataset.make_loader, tokenizer)
 

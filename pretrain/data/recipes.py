@@ -17,8 +17,10 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from pretrain.data.prepare import DEFAULT_SHARD_TOKENS, PrepareError, default_workers, run_units
+from pretrain.data.prepare import DEFAULT_SHARD_TOKENS, run_units
+from pretrain.data.shards import PrepareError
 from pretrain.data.sources import Unit
+from pretrain.data.tokenize_workers import default_workers
 from pretrain.data.tokenizer import ByteTokenizer, CharTokenizer
 
 log = logging.getLogger(__name__)

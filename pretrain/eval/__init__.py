@@ -1,4 +1,5 @@
 """Evaluation: lm-eval-harness adapter (harness), task suites and offline task data (tasks),
-validation loss and bits per byte (metrics), the paper's tables (tables), one checkpoint's
-evaluation (suite), several runs compared (compare), passkey retrieval over length x depth
-(passkey)."""
+the task suite run on a checkpoint and in the training loop (suite), validation loss and bits
+per byte (metrics), a checkpoint's validation loss and loss at each length (validation), the
+paper's tables (tables), one checkpoint's evaluation and its report (checkpoint_eval), several
+runs compared (compare), passkey retrieval over length x depth (passkey)."""

@@ -1,5 +1,5 @@
 """The values of length evaluation: `--lengths 1x,2x,8192`, `--rope-scaling yarn:4`, and the
-checks they need (suite.evaluate_lengths runs them; pretrain/eval/positions.py measures)."""
+checks they need (validation.evaluate_lengths runs them; pretrain/eval/positions.py measures)."""
 
 from __future__ import annotations
 

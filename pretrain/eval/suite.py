@@ -1,87 +1,34 @@
-"""Evaluate a checkpoint: the harness's task suite and/or validation loss, written to the run.
+"""The harness's task suite on our model: lm-eval's tasks, online or offline from local files,
+run on a checkpoint (`run_harness`), and the same scoring for a training run's in-loop evaluation.
 
-Outputs go to RUN/eval/<step tag>/ (or `output`):
-    lm_eval_results.json   the harness's results JSON, unchanged
-    valid_metrics.json     validation loss, perplexity, bits per token/byte (with --val)
-    positions.json/.csv/.png  loss by position (--val --per-position) and at each length
-                           (--lengths), with the curve
-    results.md             the paper's accuracy table, the LAMBADA perplexity table,
-                           and the validation figures
+    results, skipped, truncated = run_harness({"path": "runs/NAME"}, ["piqa", "sciq"])
 
 Online, tasks are the harness's built-in ones. With `data_dir`, each task reads local files
 through the offline twins in pretrain/eval/tasks/ (same prompts), converted into a cache.
+For training's in-loop downstream evaluation (pretrain/train/evaluators/downstream.py):
+the same task configs loaded once (`local_tasks`), the same documents in every process
+(`choose_examples`), the same harness call (`harness_on`) and the same figures
+(`downstream_scalars`, `sample_loglikelihoods`). A checkpoint's whole evaluation, with
+validation loss and the report, is pretrain/eval/checkpoint_eval.py's.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import ConfigError, DataConfig, RopeScalingConfig, from_dict, to_dict
-from pretrain.data.documents import DocumentSwitches
 from pretrain.errors import UserError
-from pretrain.eval.lengths import (
-    LengthError,
-    check_lengths,
-    parse_lengths,
-    parse_rope_scaling,
-    scaling_tag,
-    train_length,
-    valid_entries,
-)
-from pretrain.eval.metrics import bytes_per_token, evaluate_loss
-from pretrain.eval.positions import (
-    POSITIONS_CSV,
-    POSITIONS_PNG,
-    LengthResult,
-    PositionLosses,
-    positions_record,
-    positions_table,
-    write_positions,
-)
-from pretrain.eval.tables import fmt, markdown_table, paper_tables
-from pretrain.eval.tasks import TASKS_DIR, local_task_configs, resolve_tasks
+from pretrain.eval.tasks import TASKS_DIR, local_task_configs
 from pretrain.eval.tasks.convert import EvalDataError, find_source
-from pretrain.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, EVAL_DIR, atomic_write
-from pretrain.weights import WeightsError, find_weights_dir
 
 log = logging.getLogger(__name__)
-
-RESULTS_JSON = "lm_eval_results.json"
-VALID_JSON = "valid_metrics.json"
-RESULTS_MD = "results.md"
 
 
 class EvalError(UserError, ValueError):
     """Bad evaluation input; the message names the flag, file or task and the fix."""
-
-
-@dataclass
-class EvalOutcome:
-    output_dir: Path
-    weights_dir: Path
-    results: dict[str, Any] | None = None  # the harness's results dict
-    valid: dict[str, float] | None = None
-    positions: dict[str, Any] | None = None  # positions.json's record (per position, lengths)
-    files: list[Path] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)  # task -> why it was not run
-    truncated: tuple[int, int] = (0, 0)  # (requests whose context was cut on the left, requests)
-
-
-def default_output_dir(weights_dir: Path, scaling: RopeScalingConfig | None = None) -> Path:
-    """RUN/eval/<step tag> for a checkpoint of a run; WEIGHTS/eval otherwise. An evaluation
-    with RoPE scaling gets its own folder (<step tag>_yarn4), so it never overwrites the
-    model's own results."""
-    suffix = f"_{scaling_tag(scaling)}" if scaling is not None else ""
-    if weights_dir.parent.name == CHECKPOINTS_DIR:
-        return weights_dir.parent.parent / EVAL_DIR / (weights_dir.name + suffix)
-    return weights_dir / (EVAL_DIR + suffix)
 
 
 def prepared_data_dir(data_dir: Path) -> Path:
@@ -228,7 +175,7 @@ def run_harness(
 
 # ----------------------------------------------------------------------------- in-loop
 # What a training run's in-loop evaluation (pretrain/train/evaluators/downstream.py) shares
-# with this tool: the same task configs, the same harness call, the same figures.
+# with tools/evaluate.py: the same task configs, the same harness call, the same figures.
 
 
 def local_tasks(tasks: Sequence[str], data_dir: str | Path) -> tuple[Any, dict[str, Any]]:
@@ -338,350 +285,14 @@ def downstream_scalars(results: dict[str, Any], task_objs: dict[str, Any]) -> di
     return out
 
 
-def evaluate_validation(
-    weights_dir: Path,
-    *,
-    valid_data: list[str] | None = None,
-    samples: int = 256,
-    batch_size: int = 8,
-    device: str | None = None,
-    dtype: str = "auto",
-    per_position: bool = False,
-    rope_scaling: RopeScalingConfig | None = None,
-) -> tuple[dict[str, float], PositionLosses | None]:
-    """Validation loss and bits per token/byte of the run's validation split (or `valid_data`),
-    and with `per_position` the loss at each position of those samples, from the same pass."""
-    import torch
-
-    from pretrain.data.dataset import build_datasets
-    from pretrain.eval.harness import load_checkpoint
-
-    model, tok, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
-    if rope_scaling is not None:
-        model.set_rope_scaling(rope_scaling)
-    data = from_dict(DataConfig, config.get("data"), "data")
-    if valid_data:
-        # The builder also wants a train split; the given data serves as both.
-        data.valid = list(valid_data)
-        data.train, data.train_weights = list(valid_data), None
-    if not data.valid:
-        raise EvalError(
-            f"{weights_dir / CONFIG_FILE} has no data.valid; pass --val-data PREFIX_OR_FOLDER"
-        )
-    train_cfg = config.get("train") or {}
-    seq_len = train_cfg.get("seq_len") or model.cfg.max_seq_len
-    _, valid = build_datasets(data, seq_len, train_cfg.get("seed", 1234), 1, samples)
-    if valid is None or len(valid) == 0:
-        raise EvalError(f"the validation split {data.valid} holds no samples of {seq_len} tokens")
-    n = min(samples, len(valid))
-    items = [valid[i] for i in range(n)]
-    unit = "char" if tok.kind == "chars" else "byte"
-    ratio = bytes_per_token(tok, [it["input_ids"] for it in items], unit=unit)
-    batches = (
-        {
-            k: torch.stack([it[k] for it in items[i : i + batch_size]])
-            for k in items[0]  # tokens, labels and the document inputs training had
-        }
-        for i in range(0, n, batch_size)
-    )
-    positions = PositionLosses(seq_len) if per_position else None
-    try:
-        out = evaluate_loss(
-            model,
-            batches,
-            positions=positions,
-            **({"chars_per_token": ratio} if unit == "char" else {"bytes_per_token": ratio}),
-        )
-    except ValueError as e:  # e.g. a split too small to hold one scored token
-        raise EvalError(
-            f"validation data {data.valid}: {e}; prepare a larger validation split "
-            f"(tools/prepare_data.py --valid-fraction) or pass --val-data"
-        ) from None
-    out[f"{unit}s_per_token"] = ratio
-    out["samples"] = n
-    out["seq_len"] = seq_len
-    return out, positions
-
-
-def evaluate_lengths(
-    weights_dir: Path,
-    *,
-    lengths: str,
-    stride: int | None = None,
-    rope_scaling: str | RopeScalingConfig | None = None,
-    valid_data: list[str] | None = None,
-    samples: int = 256,
-    batch_tokens: int = 16384,
-    device: str | None = None,
-    dtype: str = "auto",
-) -> dict[str, Any]:
-    """positions.json's record: loss by position at each of `lengths` on the validation stream.
-
-    Every length scores the same first N targets of the stream, N = samples x the training
-    length rounded down to a multiple of the longest length."""
-    from pretrain.data.dataset import DataError, read_token_stream
-    from pretrain.eval.harness import load_checkpoint
-    from pretrain.eval.positions import (
-        common_targets,
-        evaluate_length,
-        positions_record,
-    )
-
-    model, tok, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
-    documents = DocumentSwitches.of(
-        from_dict(DataConfig, config.get("data"), "data"), tok.eod_id, f"{weights_dir}'s tokenizer"
-    )
-    train_len = train_length(config, model.cfg.max_seq_len)
-    sizes = parse_lengths(lengths, train_len)
-    check_lengths(model, sizes)
-    if stride is not None:
-        if stride < 1:
-            raise LengthError(f"--stride {stride} must be a positive number of tokens")
-        if stride > min(sizes):
-            raise LengthError(
-                f"--stride {stride} is longer than the shortest window ({min(sizes)} tokens); "
-                f"use a stride of at most {min(sizes)}"
-            )
-    scaling = rope_scaling
-    if isinstance(scaling, str):
-        scaling = parse_rope_scaling(scaling)
-    if scaling is not None:
-        try:
-            model.set_rope_scaling(scaling)
-        except ConfigError as e:
-            raise LengthError(f"--rope-scaling: {e}") from None
-    entries = valid_entries(config, valid_data, weights_dir)
-    budget = samples * train_len
-    try:
-        stream = read_token_stream(entries, budget + 1)
-        n_targets = common_targets(len(stream), sizes, budget)
-    except DataError:  # a ValueError too, but its own message already names file and fix
-        raise
-    except ValueError as e:
-        raise LengthError(str(e)) from None
-    results: list[LengthResult] = []
-    for L in sizes:
-        log.info("length %d: %d targets, stride %s", L, n_targets, stride or L)
-        results.append(
-            evaluate_length(
-                model,
-                stream,
-                L,
-                stride,
-                n_targets,
-                batch_tokens=batch_tokens,
-                progress=True,
-                documents=documents,
-            )
-        )
-    return positions_record(
-        results,
-        label="",
-        train_seq_len=train_len,
-        rope_scaling=to_dict(model.cfg.rope_scaling),
-        source="validation stream",
-    )
-
-
-def valid_table(valid: dict[str, float]) -> str:
-    cols = [
-        ("loss", "loss"),
-        ("ppl", "ppl"),
-        ("bits/token", "bits_per_token"),
-        ("bits/byte", "bits_per_byte"),
-        ("bits/char", "bits_per_char"),
-        ("tokens", "tokens"),
-    ]
-    cols = [(t, k) for t, k in cols if k in valid]
-    row = [f"{valid[k]:.0f}" if k == "tokens" else fmt(valid[k]) for _, k in cols]
-    return markdown_table([t for t, _ in cols], [row])
-
-
-def write_report(outcome: EvalOutcome, *, label: str, tasks: list[str], limit, data_dir) -> None:
-    """results.md: provenance, then the tables."""
-    from lm_eval.utils import handle_non_serializable
-
-    out = outcome.output_dir
-    out.mkdir(parents=True, exist_ok=True)
-    lines = [
-        f"# Evaluation of {label}",
-        "",
-        f"- weights: `{outcome.weights_dir}`",
-        f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-    ]
-    if outcome.results is not None:
-        import lm_eval
-
-        path = out / RESULTS_JSON
-        atomic_write(
-            path,
-            json.dumps(
-                outcome.results, indent=2, default=handle_non_serializable, ensure_ascii=False
-            )
-            + "\n",
-        )
-        outcome.files.append(path)
-        lines += [
-            f"- lm-eval-harness {lm_eval.__version__}, tasks: {', '.join(tasks)}",
-            f"- task data: {'local files in ' + str(data_dir) if data_dir else 'Hugging Face hub'}",
-        ]
-        reasons: dict[str, list[str]] = {}
-        for task, why in outcome.skipped.items():
-            reasons.setdefault(why, []).append(task)
-        for why, names in reasons.items():
-            lines.append(f"- skipped ({why}): {', '.join(names)}")
-        cut, scored = outcome.truncated
-        if cut:
-            lines.append(
-                f"- {cut} of {scored} loglikelihood requests were longer than the model's "
-                f"context: their contexts were cut on the left, as lm-eval's hf backend does"
-            )
-        if limit:
-            lines.append(
-                f"- **--limit {limit}: a subset of each task; not comparable with published numbers**"
-            )
-        lines += [
-            "",
-            "Accuracy: acc_norm (length-normalized) for ARC, LogiQA, PIQA, SciQ; acc for "
-            "the others. value (stderr).",
-            "",
-            paper_tables(outcome.results, label),
-        ]
-    if outcome.valid is not None:
-        path = out / VALID_JSON
-        atomic_write(path, json.dumps(outcome.valid, indent=2) + "\n")
-        outcome.files.append(path)
-        lines += ["", "## Validation", "", valid_table(outcome.valid)]
-    if outcome.positions is not None:
-        rec = outcome.positions
-        outcome.files += write_positions(rec, out)
-        scaling = rec.get("rope_scaling")
-        lines += [
-            "",
-            "## Loss by position",
-            "",
-            f"Windows from the {rec['source']}; training length {rec['train_seq_len']}; RoPE "
-            f"scaling: {scaling['type'] + ' x' + format(scaling['factor'], 'g') if scaling else 'none'}. "
-            f"Per bucket: {POSITIONS_CSV}; curve: {POSITIONS_PNG}.",
-            "",
-            positions_table(rec),
-        ]
-    path = out / RESULTS_MD
-    atomic_write(path, "\n".join(lines) + "\n")
-    outcome.files.append(path)
-
-
-def evaluate(
-    run: str | Path,
-    *,
-    step: int | None = None,
-    tasks: str = "paper",
-    limit: int | float | None = None,
-    data_dir: str | Path | None = None,
-    output: str | Path | None = None,
-    batch_size: int = 64,
-    device: str | None = None,
-    dtype: str = "auto",
-    num_fewshot: int | None = None,
-    skip_missing: bool = False,
-    val: bool = False,
-    val_data: list[str] | None = None,
-    val_samples: int = 256,
-    max_length: int | None = None,
-    bootstrap_iters: int | None = None,
-    per_position: bool = False,
-    lengths: str | None = None,
-    stride: int | None = None,
-    rope_scaling: str | None = None,
-) -> EvalOutcome:
-    """Evaluate one checkpoint; see tools/evaluate.py for the meaning of each argument."""
-    try:
-        wdir = find_weights_dir(run, step)
-    except WeightsError as e:
-        raise EvalError(str(e)) from None
-    task_list = [] if tasks.strip().lower() in ("", "none") else resolve_tasks(tasks)
-    if not task_list and not val and not lengths:
-        raise EvalError("nothing to do: --tasks none without --val or --lengths")
-    if per_position and not (val or lengths):
-        raise EvalError("--per-position needs --val (the validation samples) or --lengths")
-    if stride is not None and not lengths:
-        raise EvalError("--stride needs --lengths (it slides windows of those lengths)")
-    scaling = parse_rope_scaling(rope_scaling)
-    outcome = EvalOutcome(
-        output_dir=Path(output) if output else default_output_dir(wdir, scaling),
-        weights_dir=wdir,
-    )
-    if task_list:
-        model_args = {
-            "path": str(wdir),
-            "batch_size": batch_size,
-            "dtype": dtype,
-            **({"device": device} if device else {}),
-            **({"max_length": max_length} if max_length else {}),
-            **({"rope_scaling": scaling} if scaling else {}),
-        }
-        outcome.results, outcome.skipped, outcome.truncated = run_harness(
-            model_args,
-            task_list,
-            data_dir=data_dir,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            skip_missing=skip_missing,
-            bootstrap_iters=bootstrap_iters,
-        )
-    label = (
-        wdir.parent.parent.name + "@" + wdir.name
-        if wdir.parent.name == CHECKPOINTS_DIR
-        else wdir.name
-    )
-    if val:
-        outcome.valid, positions = evaluate_validation(
-            wdir,
-            valid_data=val_data,
-            samples=val_samples,
-            batch_size=min(batch_size, 16),
-            device=device,
-            dtype=dtype,
-            per_position=per_position and not lengths,
-            rope_scaling=scaling,
-        )
-        if positions is not None:
-            outcome.positions = positions_record(
-                [LengthResult.of(positions, positions.length, int(outcome.valid["samples"]))],
-                label=label,
-                train_seq_len=int(outcome.valid["seq_len"]),
-                rope_scaling=to_dict(scaling),
-                source="validation samples",
-            )
-    if lengths:
-        outcome.positions = evaluate_lengths(
-            wdir,
-            lengths=lengths,
-            stride=stride,
-            rope_scaling=scaling,
-            valid_data=val_data,
-            samples=val_samples,
-            device=device,
-            dtype=dtype,
-        )
-        outcome.positions["label"] = label
-    evaluated = [t for t in task_list if t not in outcome.skipped]
-    write_report(outcome, label=label, tasks=evaluated, limit=limit, data_dir=data_dir)
-    return outcome
-
-
 __all__ = [
+    "NO_LOCAL_DATA",
     "EvalError",
     "choose_examples",
     "downstream_scalars",
     "harness_on",
     "local_tasks",
-    "sample_loglikelihoods",
-    "EvalOutcome",
-    "default_output_dir",
-    "evaluate",
-    "evaluate_lengths",
-    "evaluate_validation",
+    "prepared_data_dir",
     "run_harness",
-    "write_report",
+    "sample_loglikelihoods",
 ]
