@@ -1,12 +1,15 @@
 """The planner's communication (issue 45): the collectives of a step equal, exactly, what
 DeepSpeed's own communication logger records on 2 and 4 CPU ranks (gloo) for ZeRO 0, 1 and 2,
-with and without accumulation, on two model shapes, and for the bf16 paths and small buckets;
-the ring's time follows nccl-tests' formulas, and its bus bandwidth across nodes lands in the
-published measurements."""
+with and without accumulation, on two model shapes, and for the bf16 paths, small buckets and
+the bucket options (`reduce_scatter: false`, `use_multi_rank_bucket_allreduce: false`); the
+trainer's own collectives equal what the real trainer sends on 2 ranks, step by step; `--gpus
+N` and `--scaling` shrink a micro batch by one rule; the ring's time follows nccl-tests'
+formulas, and its bus bandwidth across nodes lands in the published measurements."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter, defaultdict
 
 import pytest
 from train_support import tiny_config
@@ -14,18 +17,30 @@ from train_support import tiny_config
 from pretrain.config import Config, from_dict, load_config
 from pretrain.measure.deepspeed_comms import measure
 from pretrain.planner.comms import (
+    LOG_STEP,
+    STEP_METRICS,
+    STEP_PARTS,
+    TRAINER_SUMS,
     Collective,
     engine_comms,
     model_params,
     padded,
     step_collectives,
     step_time,
+    trainer_collectives,
 )
 from pretrain.planner.gpus import GPUS
 from pretrain.planner.network import GB, HOPPER_IB, fabric
 
 STEPS = 2
 WIDE = {"d_model": 48, "n_heads": 6, "n_kv_heads": 2, "n_layers": 3, "d_ff": 80, "head_dim": 12}
+# reduce_scatter: false: a parameter past the bucket all-reduced whole. 1,000-element buckets:
+# the wide model's 7,680-element MLP weights straddle a partition with a slice past the bucket.
+WHOLE = {"zero_optimization": {"reduce_bucket_size": 1000, "reduce_scatter": False}}
+# use_multi_rank_bucket_allreduce: false: a bucket's slices reduced to each partition's owner
+OWNERS = {
+    "zero_optimization": {"reduce_bucket_size": 5000, "use_multi_rank_bucket_allreduce": False}
+}
 
 
 def config(n: int, model: dict | None = None, accum: int = 1, **train) -> Config:
@@ -68,6 +83,12 @@ def settings(n: int) -> dict[str, Config]:
             zero_stage=1,
             deepspeed={"zero_optimization": {"reduce_bucket_size": 3000, "overlap_comm": True}},
         ),
+        # the bucket options: hook order at ZeRO 2, group order at ZeRO 1
+        "wide_zero2_whole_buckets": config(n, WIDE, zero_stage=2, deepspeed=WHOLE),
+        "wide_zero1_reduce_to_owners": config(n, WIDE, zero_stage=1, deepspeed=OWNERS),
+        "bf16_bf16acc_zero2_reduce_to_owners": config(
+            n, accum=2, precision="bf16", grad_accum_dtype="bf16", zero_stage=2, deepspeed=OWNERS
+        ),
     }
     return out
 
@@ -106,6 +127,49 @@ def test_the_small_bucket_cases_do_split():
     ]
     assert sum(c.calls for c in grads) >= 2 * 4 and all(c.calls % 2 == 0 for c in grads)
     assert any(c.size == 4 * 257 * 32 for c in grads)  # the embedding, alone
+
+
+def _default(ds: dict, key: str) -> dict:
+    return {"zero_optimization": {k: v for k, v in ds["zero_optimization"].items() if k != key}}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_bucket_option_cases_change_what_is_sent(n):
+    """The bucket option cases above test what they say: `reduce_scatter: false` sends fewer
+    calls than the same buckets cut at the partitions (a parameter past the bucket all-reduced
+    whole: same bytes, a call less per cut), and `use_multi_rank_bucket_allreduce: false`
+    sends the gradients as `reduce` calls, more than the all-reduces they replace (a bucket
+    that spans partitions: one per owner), the same bytes over the partitions."""
+    cases = settings(n)
+
+    def sent(cfg: Config, op: str) -> tuple[int, int]:
+        grads = [c for c in step_collectives(cfg, n) if c.op == op and "gradient" in c.what]
+        return sum(c.calls for c in grads), sum(c.calls * c.size for c in grads)
+
+    whole = sent(cases["wide_zero2_whole_buckets"], "all_reduce")
+    cut = sent(
+        config(n, WIDE, zero_stage=2, deepspeed=_default(WHOLE, "reduce_scatter")), "all_reduce"
+    )
+    assert whole[0] < cut[0] and whole[1] == cut[1], (whole, cut)
+    for name, model, stage, extra in (
+        ("wide_zero1_reduce_to_owners", WIDE, 1, {}),
+        (
+            "bf16_bf16acc_zero2_reduce_to_owners",
+            None,
+            2,
+            {"accum": 2, "precision": "bf16", "grad_accum_dtype": "bf16"},
+        ),
+    ):
+        together = config(
+            n,
+            model,
+            zero_stage=stage,
+            deepspeed=_default(OWNERS, "use_multi_rank_bucket_allreduce"),
+            **extra,
+        )
+        owners, reduced = sent(cases[name], "reduce"), sent(together, "all_reduce")
+        assert sent(cases[name], "all_reduce") == (0, 0)
+        assert owners[0] > reduced[0] and owners[1] == reduced[1], (name, owners, reduced)
 
 
 def test_the_papers_1b_step_sends_its_fp32_gradients_and_bf16_parameters():
@@ -182,6 +246,78 @@ def test_overlap_hides_all_but_the_last_bucket_up_to_the_backward():
     )
 
 
+# ----------------------------------------------------------------------------- the trainer's
+
+
+def trainer_config(n: int, steps: int = 4, log_interval: int = 2, **sections) -> Config:
+    train = sections.pop("train", {})
+    data = tiny_config(
+        "unused",
+        "unused",
+        train={
+            "eval_interval": 0,
+            "micro_batch_size": 2,
+            "global_batch_size": 2 * n,
+            "train_iters": steps,
+            **train,
+        },
+        logging={"log_interval": log_interval},
+        **sections,
+    )
+    data["data"] = {"train": [], "valid": []}  # the measurement gives random tokens
+    return from_dict(Config, data)
+
+
+def test_the_trainers_own_collectives_are_what_the_trainer_sends():
+    """The trainer's collectives (outside DeepSpeed's logger), counted by wrapping
+    torch.distributed in the real trainer (its callbacks, 2 gloo ranks, 4 steps, logging every
+    2): every step Trainer.train_step's all-reduce of its stop flag and mean loss (16 B) and,
+    under spikes.skip_step, the guard's verdict; at each logging step the metrics' all_gather
+    (2 steps x names x 8 B) and SpeedMonitor's all-reduce (2 ranks x 5 parts x 8 B). Step by
+    step, on both ranks, equal to the plan's."""
+    from trainer_comms import measure as measure_trainer
+
+    from pretrain.train.metrics import GRAD_NORM, LOSS
+    from pretrain.train.step_parts import PARTS
+
+    n, steps, interval = 2, 4, 2
+    cases = {
+        "fp32_zero0": trainer_config(n, steps, interval, train={"zero_stage": 0}),
+        "fp32_zero1": trainer_config(n, steps, interval),
+        "bf16_zero2_zloss_skip_step": trainer_config(
+            n,
+            steps,
+            interval,
+            train={
+                "zero_stage": 2,
+                "precision": "bf16",
+                "grad_accum_dtype": "bf16",
+                "z_loss": 1e-4,
+            },
+            spikes={"skip_step": True},
+        ),
+    }
+    measured = measure_trainer(cases, n)
+    assert TRAINER_SUMS == 16 and len(PARTS) == STEP_PARTS
+    assert {LOSS, GRAD_NORM} <= set(STEP_METRICS)  # the planner names them, not imports them
+    for name, cfg in cases.items():
+        planned = trainer_collectives(cfg, n)
+        every = Counter({(c.op, c.size): c.calls for c in planned if c.phase != LOG_STEP})
+        logging = Counter({(c.op, c.size): c.calls for c in planned if c.phase == LOG_STEP})
+        expected = {
+            s: every + (logging if s % interval == 0 else Counter()) for s in range(1, steps + 1)
+        }
+        assert every[("all_reduce", 16)] == 1 and sum(logging.values()) == 2, name
+        for rank, calls in enumerate(measured[name]):
+            by_step: dict[int, Counter] = defaultdict(Counter)
+            for call in calls:
+                by_step[call.step][(call.op, call.size)] += 1
+            assert dict(by_step) == expected, (name, rank, [c for c in calls])
+    skip = trainer_collectives(cases["bf16_zero2_zloss_skip_step"], n)
+    assert ("all_reduce", 4) in {(c.op, c.size) for c in skip}  # the guard's verdict
+    assert ("all_gather", 2 * 4 * 8) in {(c.op, c.size) for c in skip}  # the z-loss's column
+
+
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -240,6 +376,53 @@ def test_scaling_names_where_efficiency_falls_and_overlap_moves_it(tmp_path, cap
     assert plot.stat().st_size > 10_000
 
 
+def test_gpus_and_scaling_shrink_the_micro_batch_by_one_rule(tmp_path, capsys):
+    """`--gpus N` plans the config's micro batch where it divides each GPU's share of the
+    global batch, else the largest that does, and says so in its first line (JSON: its
+    notes), as `--scaling`'s points do: the paper 1B's 64 is 16 on 256 GPUs (4096 / 256);
+    both agree at every count; a micro batch given with --micro-batch is never changed."""
+    import json
+
+    from pretrain.cli import plan as plan_cli
+    from pretrain.planner.scaling import point, scaling
+    from pretrain.planner.search import micro_batch_on
+
+    paper = load_config("configs/paper/llama1b_rope10.yaml")
+    micro, note = micro_batch_on(paper, 256)
+    assert micro == 16 and note.startswith("micro batch shrunk from 64 to 16 on 256 GPUs")
+    assert "fewer than the config's micro batch 64" in note
+    assert "--set train.micro_batch_size=16" in note
+    assert micro_batch_on(paper, 64) == (64, None)
+    at_256 = point(paper, GPUS["h200"], 256, HOPPER_IB, 0.4)
+    assert (at_256.micro_batch, at_256.note) == (16, note)
+    odd = config(2, accum=1, micro_batch_size=32, global_batch_size=96)  # 48 a GPU
+    assert micro_batch_on(odd, 2)[0] == 24 and "not a multiple" in micro_batch_on(odd, 2)[1]
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(
+        "model: {vocab_size: 512, n_layers: 2, d_model: 64, n_heads: 4, d_ff: 128, max_seq_len: 128}\n"
+        "train: {train_iters: 100, global_batch_size: 64, micro_batch_size: 8}\n"
+    )
+    points = scaling(load_config(str(cfg)), GPUS["h200"], HOPPER_IB, 0.4)
+    assert [(p.gpus, p.micro_batch) for p in points] == [(8, 8), (16, 4), (32, 2), (64, 1)]
+    for p in points:
+        assert plan_cli.main([str(cfg), "--gpus", str(p.gpus), "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["micro_batch"] == p.micro_batch and got["notes"][: bool(p.note)] == (
+            [p.note] if p.note else []
+        )
+    assert plan_cli.main([str(cfg), "--gpus", "32"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == points[2].note and "micro batch 2 x 1 accumulation x 32 GPUs" in out[2]
+    assert plan_cli.main([str(cfg), "--scaling"]) == 0
+    out = capsys.readouterr().out
+    assert all(p.note in out for p in points[1:]) and "| 32     | 2 x 1" in out
+    assert plan_cli.main([str(cfg), "--gpus", "32", "--micro-batch", "8"]) == 2
+    assert "choose a micro batch that divides 2" in capsys.readouterr().err
+    assert plan_cli.main([str(cfg), "--gpus", "48"]) == 2
+    assert "global_batch_size=64 is not divisible by 48 GPUs" in capsys.readouterr().err
+
+
 def test_a_global_batch_smaller_than_the_gpus_stops_the_table():
     from pretrain.planner.scaling import at_scale
 
@@ -293,5 +476,6 @@ def test_the_docs_scaling_table_and_collectives_are_the_codes():
     results = paper_scaling([repo / r.config_path for r in runs], GPUS["h200"], HOPPER_IB, 0.45)
     for row in scaling_table(results).splitlines():
         assert row in doc, f"docs/performance.md's scaling table is stale; expected\n{row}"
-    for c in step_collectives(load_config("configs/paper/llama1b_rope10.yaml"), 32):
+    paper = load_config("configs/paper/llama1b_rope10.yaml")
+    for c in step_collectives(paper, 32) + trainer_collectives(paper, 32):
         assert f"{c.op:<23} {c.size:>15,} B x {c.calls:<3}" in doc, c

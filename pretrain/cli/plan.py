@@ -19,13 +19,20 @@ from pathlib import Path
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import ConfigError, add_set_option, load_config
 from pretrain.model.recompute import describe_recompute, recompute_layers
-from pretrain.planner.comms import collective_rows
+from pretrain.planner.comms import LOG_STEP, collective_rows
 from pretrain.planner.gpus import DEFAULT_MFU, GPU, GiB, parse_gpu
 from pretrain.planner.network import HOPPER_IB, Fabric, fabric
 from pretrain.planner.paper import PAPER_PLAN, paper_plan, paper_table
 from pretrain.planner.scaling import first_below, paper_scaling, point, scaling
 from pretrain.planner.scaling_report import scaling_plot, scaling_table
-from pretrain.planner.search import Plan, choose, largest_micro_batch, plan_run
+from pretrain.planner.search import (
+    Plan,
+    choose,
+    largest_micro_batch,
+    micro_batch_on,
+    plan_run,
+    with_micro_batch,
+)
 from pretrain.planner.validation import VALIDATION_TOLERANCE, cpu_kernel_path, validate
 from pretrain.study.spec import load_study
 
@@ -177,6 +184,9 @@ def _main_scaling(args) -> int:
     name = Path(args.config).stem
     print(f"{name} on {gpu.name} at {100 * args.mfu:.0f}% MFU; {net.name}")
     print(scaling_table({name: points}, detail=True))
+    for p in points:
+        if p.note:
+            print(p.note)
     below = first_below(points)
     print(
         f"efficiency falls under 90% at {below} GPUs"
@@ -221,6 +231,12 @@ def _main_plan(args) -> int:
     reserve = None if args.reserve_gib is None else int(args.reserve_gib * GiB)
     name = Path(args.config).stem
     auto = recompute_layers(cfg.train.activation_checkpointing, cfg.model.n_layers) is None
+    shrunk = None
+    if args.micro_batch is None:  # the config's micro batch: shrunk as --scaling does
+        micro, shrunk = micro_batch_on(cfg, args.gpus)
+        cfg = with_micro_batch(cfg, micro)
+        if shrunk and not args.json:
+            print(shrunk)  # first: what the whole plan is of (JSON: in its notes)
     if auto:
         plan = choose(
             cfg,
@@ -242,6 +258,8 @@ def _main_plan(args) -> int:
         )
     else:
         plan = plan_run(cfg, gpu, args.gpus, reserve=reserve, name=name)
+    if shrunk and args.json:
+        plan.notes.insert(0, shrunk)
     largest = largest_micro_batch(cfg, gpu, args.gpus, plan.layers, reserve=reserve)
     comms = _comms_point(cfg, plan, gpu, _fabric(args), args.mfu)
     if args.json:
@@ -267,6 +285,8 @@ def comms_summary(p) -> dict:
     t = p.time
     return {
         "collectives": collective_rows(list(p.collectives)),
+        "trainer_collectives": collective_rows(list(p.trainer)),
+        "log_interval": p.log_interval,
         "communication_s": t.communication,
         "exposed_s": t.exposed,
         "compute_s": t.compute,
@@ -277,19 +297,31 @@ def comms_summary(p) -> dict:
     }
 
 
+def _collective_line(c, net: Fabric, n: int) -> str:
+    seconds = net.time(c.op, c.buffer(n), n) * c.calls
+    return (
+        f"    {c.op:<23} {c.size:>15,} B x {c.calls:<3} {c.phase:<15} {c.what:<22} "
+        f"{1e3 * seconds:9.2f} ms"
+    )
+
+
 def format_comms(p, net: Fabric, mfu: float) -> str:
     t = p.time
     lines = [f"  communication per step on {p.gpus} GPUs ({net.name}):"]
-    for c in p.collectives:
-        seconds = net.time(c.op, c.buffer(p.gpus), p.gpus) * c.calls
+    per_step = [c for c in p.trainer if c.phase != LOG_STEP]
+    logging = [c for c in p.trainer if c.phase == LOG_STEP]
+    lines += [_collective_line(c, net, p.gpus) for c in [*p.collectives, *per_step]]
+    if logging:
         lines.append(
-            f"    {c.op:<23} {c.size:>15,} B x {c.calls:<3} {c.phase:<15} {c.what:<22} "
-            f"{1e3 * seconds:9.2f} ms"
+            f"  and at a logging step (every {p.log_interval} steps; the metrics of the steps "
+            f"since the last flush):"
         )
+        lines += [_collective_line(c, net, p.gpus) for c in logging]
     hidden = t.communication - t.exposed
     lines += [
-        f"    {'= all collectives':<23} {1e3 * t.communication:.2f} ms (with the trainer's loss "
-        f"sums), {1e3 * hidden:.2f} ms hidden behind the backward (overlap_comm)",
+        f"    {'= all collectives':<23} {1e3 * t.communication:.2f} ms a step (the trainer's "
+        f"own, a logging step's spread over its interval), {1e3 * hidden:.2f} ms hidden "
+        f"behind the backward (overlap_comm)",
         f"  step: compute {t.compute:.3f} s at {100 * mfu:.0f}% MFU + exposed communication "
         f"{t.exposed:.3f} s + optimizer {t.optimizer:.4f} s = {t.total:.3f} s: efficiency "
         f"{100 * t.efficiency:.1f}%, run {_h(p.run_hours * 3600)}",

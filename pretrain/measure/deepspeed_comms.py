@@ -10,8 +10,9 @@ inventory of a step (pretrain/planner/comms.py) is checked against it exactly
 (tests/test_plan_comms.py), and its time model against the seconds
 (`tools/plan.py --check-comms`).
 
-The trainer's own collective (the step's loss sums, torch.distributed directly) is not
-DeepSpeed's and is not logged; the planner adds it apart.
+The trainer's own collectives (its step's stop flag and loss, a logging step's metrics:
+torch.distributed directly) are not DeepSpeed's and are not logged; the planner lists them
+apart, and tests/trainer_comms.py counts them in the real trainer.
 """
 
 from __future__ import annotations

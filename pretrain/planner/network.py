@@ -2,8 +2,9 @@
 
 A ring collective over n ranks moves, per rank, 2(n-1)/n of the buffer for an all-reduce and
 (n-1)/n of it (the whole gathered or scattered buffer) for a reduce-scatter or an all-gather,
-in 2(n-1) or (n-1) steps (nccl-tests' doc/PERFORMANCE.md derives its bus bandwidth from the
-same factors). So
+in 2(n-1) or (n-1) steps; a reduce to one rank (NCCL's pipelined chain) the whole buffer once,
+in n-1 steps (nccl-tests' doc/PERFORMANCE.md derives its bus bandwidth from the same factors:
+1 for reduce). So
 
     t = steps x alpha + factor x bytes / bandwidth
 
@@ -33,6 +34,7 @@ from pretrain.config import ConfigError
 GB = 1e9
 
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
+REDUCE = "reduce"
 # DeepSpeed's names (its comms logger's) -> the ring algorithm each runs
 KINDS = {
     "all_reduce": ALL_REDUCE,
@@ -40,6 +42,7 @@ KINDS = {
     "reduce_scatter_tensor": REDUCE_SCATTER,
     "all_gather": ALL_GATHER,
     "all_gather_into_tensor": ALL_GATHER,
+    "reduce": REDUCE,  # ZeRO 1/2 with use_multi_rank_bucket_allreduce: false
 }
 
 
@@ -71,12 +74,12 @@ class Fabric:
 
     def time(self, kind: str, size: int, n: int) -> float:
         """Seconds of one collective over n ranks; `size` the whole buffer in bytes (an
-        all-reduce's tensor, the gathered or scattered tensor)."""
+        all-reduce's or a reduce's tensor, the gathered or scattered tensor)."""
         if n <= 1 or size <= 0:
             return 0.0
         ring = KINDS[kind]
         steps = 2 * (n - 1) if ring == ALL_REDUCE else n - 1
-        factor = 2 * (n - 1) / n if ring == ALL_REDUCE else (n - 1) / n
+        factor = {ALL_REDUCE: 2 * (n - 1) / n, REDUCE: 1.0}.get(ring, (n - 1) / n)
         return steps * self.alpha(n) + factor * size / self.bandwidth(n)
 
 
@@ -130,6 +133,7 @@ __all__ = [
     "GB",
     "HOPPER_IB",
     "KINDS",
+    "REDUCE",
     "REDUCE_SCATTER",
     "Fabric",
     "fabric",

@@ -9,9 +9,12 @@ GPUs share a step: each GPU's compute shrinks as 1/N at the plan's MFU (measured
 `make gpu-check`), the gradients to reduce stay the model's, and the optimizer's share of the
 parameters shrinks under ZeRO. Efficiency = compute / step: the share of the step the model
 computes, 1.0 at perfect scaling. A micro batch that cannot be filled (fewer sequences per GPU
-than the config's micro batch) shrinks to what is there, and past one sequence per GPU the
-run cannot be spread further. MFU is held at the plan's at every count (smaller micro
-batches lower it on a real GPU: the table is an upper bound there).
+than the config's micro batch, or a share it does not divide) shrinks to the largest that
+divides the share (`micro_batch_on`, the rule `--gpus N` follows too; each point says why),
+and past one sequence per GPU the run cannot be spread further. MFU is held at the plan's at
+every count (smaller micro batches lower it on a real GPU: the table is an upper bound
+there). The step's communication: DeepSpeed's collectives and the trainer's own
+(pretrain/planner/comms.py), a logging step's spread over its interval.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import Config, grad_accum_steps, load_config
+from pretrain.config import Config, ConfigError, grad_accum_steps, load_config
 from pretrain.planner.comms import (
     ADAM_BYTES,
     Collective,
@@ -32,11 +35,12 @@ from pretrain.planner.comms import (
     model_params,
     padded,
     step_time,
-    trainer_sums,
+    trainer_collectives,
+    trainer_time,
 )
 from pretrain.planner.gpus import GPU
 from pretrain.planner.network import Fabric
-from pretrain.planner.search import flops_per_token
+from pretrain.planner.search import flops_per_token, micro_batch_on, with_micro_batch
 
 COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 EFFICIENCY_FLOOR = 0.9
@@ -47,9 +51,12 @@ class ScalePoint:
     gpus: int
     micro_batch: int
     grad_accum: int
-    collectives: tuple[Collective, ...]
+    collectives: tuple[Collective, ...]  # DeepSpeed's
     time: StepTime
     steps: int
+    trainer: tuple[Collective, ...] = ()  # the trainer's own (per step and per logging step)
+    log_interval: int = 1
+    note: str | None = None  # why the micro batch is not the config's
 
     @property
     def run_hours(self) -> float:
@@ -57,16 +64,13 @@ class ScalePoint:
 
 
 def at_scale(cfg: Config, n: int) -> Config | None:
-    """`cfg` on n GPUs: the micro batch shrunk to the sequences each GPU gets where it has
-    fewer; None where the global batch cannot be split over n GPUs."""
-    t = cfg.train
-    per_gpu, left = divmod(t.global_batch_size, n)
-    if per_gpu == 0 or left:
+    """`cfg` on n GPUs at the micro batch `micro_batch_on` gives; None where the global batch
+    cannot be split over n GPUs."""
+    try:
+        micro, _ = micro_batch_on(cfg, n)
+    except ConfigError:
         return None
-    micro = min(t.micro_batch_size, per_gpu)
-    while per_gpu % micro:
-        micro -= 1
-    return cfg.model_copy(update={"train": t.model_copy(update={"micro_batch_size": micro})})
+    return with_micro_batch(cfg, micro)
 
 
 def point(
@@ -78,9 +82,11 @@ def point(
     params: Params | None = None,
 ) -> ScalePoint | None:
     """The step of `cfg` on n GPUs of `fabric`, at `mfu` of `gpu`'s peak."""
-    scaled = at_scale(cfg, n)
-    if scaled is None:
+    try:
+        micro, note = micro_batch_on(cfg, n)
+    except ConfigError:
         return None
+    scaled = with_micro_batch(cfg, micro)
     params = params or model_params(cfg)
     e = engine_comms(scaled, n)
     collectives = engine_collectives(e, params, n)
@@ -92,10 +98,20 @@ def point(
     optimizer = partition * ADAM_BYTES / gpu.memory_bandwidth
     accum = grad_accum_steps(scaled, n)
     time = step_time(collectives, fabric, n, compute, accum, optimizer)
-    sums = trainer_sums(fabric, n)
-    time = replace(time, communication=time.communication + sums, exposed=time.exposed + sums)
+    trainer = trainer_collectives(scaled, n)
+    interval = cfg.logging.log_interval
+    own = trainer_time(trainer, fabric, n, interval)
+    time = replace(time, communication=time.communication + own, exposed=time.exposed + own)
     return ScalePoint(
-        n, scaled.train.micro_batch_size, accum, tuple(collectives), time, cfg.train.train_iters
+        n,
+        micro,
+        accum,
+        tuple(collectives),
+        time,
+        cfg.train.train_iters,
+        tuple(trainer),
+        interval,
+        note,
     )
 
 

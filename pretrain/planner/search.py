@@ -357,6 +357,43 @@ def compiled_step_fits(cfg: Config, world_size: int, device: torch.device, layer
     return plan_run(cfg, gpu, world_size, layers=layers, target="cuda", compiled=True).fits
 
 
+def micro_batch_on(cfg: Config, world_size: int) -> tuple[int, str | None]:
+    """The micro batch `cfg` is planned at on `world_size` GPUs, and why it is not the config's
+    (None where it is): the config's where it divides the sequences each GPU gets of the
+    global batch, else the largest micro batch under it that does (fewer sequences than the
+    config's micro batch: all of them). The one rule of `tools/plan.py CONFIG --gpus N` and
+    `--scaling`. ConfigError where the global batch cannot be split over the GPUs."""
+    t = cfg.train
+    gbs, mb = t.global_batch_size, t.micro_batch_size
+    per_gpu, left = divmod(gbs, world_size)
+    if per_gpu == 0 or left:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is not divisible by {world_size} GPUs (each GPU "
+            f"takes whole sequences); choose a GPU count that divides {gbs}"
+        )
+    micro = min(mb, per_gpu)
+    while per_gpu % micro:
+        micro -= 1
+    if micro == mb:
+        return mb, None
+    share = f"each GPU gets {per_gpu} sequences of the global batch {gbs} ({gbs} / {world_size})"
+    why = (
+        f"{share}, fewer than the config's micro batch {mb}"
+        if per_gpu < mb
+        else f"{share}, not a multiple of the config's micro batch {mb}; {micro} is the largest "
+        f"micro batch under it that divides {per_gpu}"
+    )
+    return micro, (
+        f"micro batch shrunk from {mb} to {micro} on {world_size} GPUs: {why} (to train so: "
+        f"--set train.micro_batch_size={micro})"
+    )
+
+
+def with_micro_batch(cfg: Config, micro_batch: int) -> Config:
+    t = cfg.train.model_copy(update={"micro_batch_size": micro_batch})
+    return cfg.model_copy(update={"train": t})
+
+
 def micro_batch_candidates(cfg: Config, world_size: int, largest: int | None = None) -> list[int]:
     """Micro batches that keep the global batch (divisors of its per-GPU share), largest
     first, down to MIN_MICRO_TOKENS tokens (matmuls stay large) and no larger than `largest`."""
