@@ -90,12 +90,14 @@ lock:
 		--no-emit-package torch --no-emit-find-links --custom-compile-command "make lock" \
 		-o $(LOCK)
 
-# ruff, the layers' import contracts (docs/architecture.md; tests/contracts.py), then the
+# ruff, the import contracts (docs/architecture.md: import-linter's, in pyproject.toml, then
+# the load-time and other rules of tests/contracts.py), then the
 # generated files: schemas/*.json and docs/configuration.md's tables are the schema's
 # (a stale one: one line naming it and `python tools/config_schema.py`, which rewrites them).
 lint: venv
 	$(VENV)/bin/ruff check pretrain tools tests requirements
 	$(VENV)/bin/ruff format --check pretrain tools tests requirements
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(PY) tests/contracts.py
 	$(PY) tools/config_schema.py --check
 

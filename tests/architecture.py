@@ -2,15 +2,13 @@
 
     python tests/architecture.py          # print them (the closing notes quote this)
 
-tests/test_architecture.py asserts the rules docs/architecture.md states; this module only
-measures. It reads source with `ast`, imports nothing of ours, so it runs on a broken tree.
+tests/contracts.py and tests/test_architecture.py assert the rules docs/architecture.md states;
+this module only measures. It reads source with `ast`, imports nothing of ours, so it runs on a broken tree.
 """
 
 from __future__ import annotations
 
 import ast
-import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,25 +17,46 @@ PACKAGE = ROOT / "pretrain"
 
 
 @dataclass
+class Import:
+    """One import statement."""
+
+    line: int
+    ours: set[str]  # our modules it names (the import graph's edges)
+    loads: set[str]  # ... and those it loads: a lazy package's names, their modules
+    packages: set[str]  # the third-party packages it names (top-level: torch)
+    function: str | None  # the function it is in; None: it runs when the module loads
+    typing_only: bool  # in the body of `if TYPE_CHECKING:`: never runs
+
+
+@dataclass
 class Module:
     name: str  # dotted: pretrain.train.trainer
     path: Path
     lines: int
-    top_imports: set[str] = field(default_factory=set)  # our modules imported at load time
-    inner_imports: set[str] = field(default_factory=set)  # ... inside functions
-    inner_count: int = 0  # import statements of ours inside functions
-    # Under `if TYPE_CHECKING:` (also in top_imports: annotations tie layers together too),
-    # never executed, so not imported at load time.
-    typing_imports: set[str] = field(default_factory=set)
-
-    @property
-    def load_time_imports(self) -> set[str]:
-        """Our modules that `import` of this one really loads."""
-        return self.top_imports - self.typing_imports
+    tree: ast.Module = field(repr=False)
+    statements: list[Import] = field(default_factory=list)
 
     @property
     def imports(self) -> set[str]:
-        return self.top_imports | self.inner_imports
+        """Our modules it imports: when it loads, inside a function or for annotations only
+        (an annotation ties two layers together too)."""
+        return {t for s in self.statements for t in s.ours}
+
+    @property
+    def load_time(self) -> list[Import]:
+        """The statements that run when the module loads."""
+        return [s for s in self.statements if s.function is None and not s.typing_only]
+
+    @property
+    def load_imports(self) -> set[str]:
+        """Our modules that `import` of this one really loads, directly. A module imported
+        both under `if TYPE_CHECKING:` and for real is here."""
+        return {t for s in self.load_time for t in s.loads}
+
+    @property
+    def inner(self) -> list[Import]:
+        """Its imports of our modules inside functions."""
+        return [s for s in self.statements if s.function and s.ours]
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -56,20 +75,34 @@ def _resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _targets(node: ast.AST, current: str, is_package: bool, known: set[str]) -> set[str]:
-    """Our modules an import statement loads (`from a import b` may name module a.b)."""
-    out = set()
+def _names(node: ast.Import | ast.ImportFrom, current: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement names (`from a import b`: a.b, which may be a
+    module or a name in a)."""
     if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    else:
-        base = _resolve(node, current, is_package)
-        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-    for name in names:
-        while name and name not in known:
-            name = name.rpartition(".")[0]
-        if name.startswith("pretrain"):
-            out.add(name)
-    return out
+        return [a.name for a in node.names]
+    base = _resolve(node, current, is_package)
+    return [f"{base}.{a.name}" for a in node.names]
+
+
+def _ours(name: str, known: set[str]) -> str | None:
+    """The module of ours a dotted name is, or is in (None: not ours)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name if name.startswith("pretrain") else None
+
+
+def _lazy_names(tree: ast.Module, known: set[str]) -> dict[str, str]:
+    """A package whose `__getattr__` loads a module when one of its names is first asked for
+    (model/__init__.py, planner/__init__.py): its table, name -> module."""
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body):
+        return {}
+    table = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for k, v in zip(node.value.keys, node.value.values, strict=True):
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant) and v.value in known:
+                    table[k.value] = v.value
+    return table
 
 
 def _is_type_checking(node: ast.AST) -> bool:
@@ -80,77 +113,85 @@ def _is_type_checking(node: ast.AST) -> bool:
 
 
 def load_modules(root: Path = ROOT) -> dict[str, Module]:
-    """Every module of `root`/pretrain and the modules of ours each imports."""
+    """Every module of `root`/pretrain and its import statements."""
     # hf/remote_code is shipped inside exports and imports nothing of ours; it is a module
     # like the others here, so that importing it is not mistaken for importing hf/__init__.
-    paths = list((root / "pretrain").rglob("*.py"))
+    paths = sorted((root / "pretrain").rglob("*.py"))
     known = {module_name(p, root) for p in paths}
+    sources = {module_name(p, root): (p, p.read_text()) for p in paths}
+    trees = {name: ast.parse(source) for name, (_, source) in sources.items()}
+    lazy = {name: _lazy_names(tree, known) for name, tree in trees.items()}
     modules = {}
-    for path in sorted(paths):
-        name = module_name(path, root)
-        source = path.read_text()
-        mod = Module(name, path, len(source.splitlines()))
+    for name, (path, source) in sources.items():
+        tree = trees[name]
+        mod = Module(name, path, len(source.splitlines()), tree)
         is_package = path.name == "__init__.py"
 
-        def visit(node: ast.AST, parents: list[ast.AST], mod=mod, name=name, ip=is_package):
+        def visit(node, function, typing_only, mod=mod, name=name, is_package=is_package):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                function = node.name if function is None else f"{function}.{node.name}"
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                targets = _targets(node, name, ip, known) - {name}
-                in_function = any(
-                    isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) for p in parents
+                names = _names(node, name, is_package)
+                ours = {o for n in names if (o := _ours(n, known))} - {name}
+                loads = set(ours)
+                for n in names:  # `from pretrain.planner import plan_run` loads planner.search
+                    package, _, attr = n.rpartition(".")
+                    if attr in lazy.get(package, {}) and isinstance(node, ast.ImportFrom):
+                        loads.add(lazy[package][attr])
+                packages = {n.split(".")[0] for n in names if not n.startswith("pretrain")}
+                mod.statements.append(
+                    Import(node.lineno, ours, loads, packages, function, typing_only)
                 )
-                # An import for annotations only still ties the layers together: counted.
-                if in_function:
-                    mod.inner_imports |= targets
-                    mod.inner_count += bool(targets)
-                else:
-                    mod.top_imports |= targets
-                    if any(_is_type_checking(p) for p in parents):
-                        mod.typing_imports |= targets
+            if _is_type_checking(node):  # the body never runs; an `else:` does
+                for child in node.body:
+                    visit(child, function, True)
+                for child in node.orelse:
+                    visit(child, function, typing_only)
+                return
             for child in ast.iter_child_nodes(node):
-                visit(child, [*parents, node])
+                visit(child, function, typing_only)
 
-        visit(ast.parse(source), [])
+        visit(tree, None, False)
         modules[name] = mod
     return modules
 
 
-def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
-    """Tarjan's components with more than one member: the import circles."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-    counter = [0]
-
-    def connect(v: str) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = set()
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.add(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(comp)
-
-    sys.setrecursionlimit(10000)
-    for v in graph:
-        if v not in index:
-            connect(v)
+def packages_loaded(modules: dict[str, Module], name: str) -> set[str]:
+    """The third-party packages (top-level names) that loading module `name` loads with import
+    statements: its own that run when it loads, those of the modules of ours they load, and
+    of the packages that hold each."""
+    seen, todo, out = set(), [name], set()
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in modules:
+            continue
+        seen.add(current)
+        parts = current.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages' __init__
+        for statement in modules[current].load_time:
+            todo += statement.loads
+            out |= statement.packages
     return out
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of two or more nodes that each reach all the others: the import circles."""
+    reach = {}
+    for v in graph:
+        seen, todo = set(), list(graph[v])
+        while todo:
+            w = todo.pop()
+            if w not in seen:
+                seen.add(w)
+                todo += graph.get(w, ())
+        reach[v] = seen
+    circles = {frozenset(w for w in reach[v] if v in reach.get(w, ())) for v in graph}
+    return [set(c) for c in circles if len(c) > 1]
 
 
 def import_circles(modules: dict[str, Module]) -> list[set[str]]:
     """Circles counting every import of ours, at load time or inside a function."""
-    graph = {m.name: m.top_imports | m.inner_imports for m in modules.values()}
+    graph = {m.name: m.imports for m in modules.values()}
     # An edge is what the code names: `from pretrain.model import X` depends on the package's
     # __init__, `from pretrain.model.rope import X` on rope.py alone.
     return strongly_connected(graph)
@@ -211,9 +252,7 @@ def report() -> list[str]:
     longest = max(modules.values(), key=lambda m: m.lines)
     trainer = PACKAGE / "train" / "trainer.py"
     callback_names = trainer_names_used_by_callbacks()
-    by_count = defaultdict(int)
-    for m in modules.values():
-        by_count[m.name] = m.inner_count
+    by_count = {m.name: len(m.inner) for m in modules.values()}
     lines = [
         f"import circles: {len(circles)}; files in them: {sum(len(c) for c in circles)}",
         *(f"  circle: {', '.join(sorted(c))}" for c in circles),

@@ -1,13 +1,15 @@
-"""The layering of docs/architecture.md as import contracts, checked by `make lint`.
+"""The import rules of docs/architecture.md that import-linter does not state.
 
     python tests/contracts.py            # exit 1 and one line per broken rule
 
-Read from the source with `ast` (tests/architecture.py), importing nothing of ours, so it
-runs on a broken tree in a second. Our own checker rather than import-linter: a contract
-here needs to tell an import that runs when a module loads from one inside a function or
-under `if TYPE_CHECKING:` ("pretrain.study loads no training"), which import-linter's graph
-does not record; the rest is a dozen lines on the graph tests/architecture.py already builds.
-tests/test_architecture.py shows each contract failing on a deliberate violation.
+`make lint` runs `lint-imports` first: the layers and what each may import are import-linter's
+contracts, in pyproject.toml. What its graph cannot say is here, read from the source with
+`ast` (tests/architecture.py, importing nothing of ours): which imports run when a module
+loads (an import inside a function or under `if TYPE_CHECKING:` does not), import circles
+between modules (import-linter's acyclic_siblings checks packages, and the config's sections,
+kept in their features' packages and put together by config.py, tie those together by
+design), and two rules about what modules hold. tests/test_architecture.py shows each failing
+on a deliberate violation.
 """
 
 from __future__ import annotations
@@ -16,179 +18,57 @@ import ast
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from architecture import ROOT, Module, import_circles, load_modules
+from architecture import ROOT, Module, import_circles, load_modules, packages_loaded
 
-# The base: imported by everything, imports only itself and the config's sections.
-BASE = (
-    "pretrain",
-    "pretrain.config",
-    "pretrain.schema",
-    "pretrain.errors",
-    "pretrain.exit_codes",
-    "pretrain.faults",
-    "pretrain.integrity",
-    "pretrain.launch_env",
-    "pretrain.run_layout",
-    "pretrain.slurm_limits",
-    "pretrain.tables",
-)
-# Each section of the config, beside its feature, and the names they check against.
-SECTIONS = (
-    "pretrain.model.config",
-    "pretrain.model.recompute",
-    "pretrain.data.config",
-    "pretrain.train.config",
-    "pretrain.eval.config",
-    "pretrain.eval.tasks",
-)
-# The in-loop downstream and position evaluators reuse the offline tools' scoring.
-EVAL_FOR_TRAINING = (
-    "pretrain.eval.metrics",
-    "pretrain.eval.positions",
-    "pretrain.eval.position_plots",
-    "pretrain.eval.harness",
-    "pretrain.eval.suite",
-)
-ABOVE_TRAINING = ("pretrain.planner", "pretrain.study", "pretrain.analysis", "pretrain.cli")
-
-# docs/architecture.md's table: a layer (by module prefix) and what of ours it may import
-# besides itself. A module belongs to the longest prefix that names it.
-LAYERS: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(BASE, BASE + SECTIONS),
-    **dict.fromkeys(SECTIONS, BASE + SECTIONS),
-    # Model code reads its own section, never the aggregate (which loads every section).
-    "pretrain.model": ("pretrain.model.config", "pretrain.schema", "pretrain.errors"),
-    "pretrain.weights": (*BASE, *SECTIONS, "pretrain.model"),
-    "pretrain.preflight": (*BASE, *SECTIONS, "pretrain.model", "pretrain.weights"),
-    "pretrain.data": BASE + SECTIONS,
-    "pretrain.eval": (*BASE, *SECTIONS, "pretrain.model", "pretrain.weights", "pretrain.data"),
-    "pretrain.train": (
-        *BASE,
-        *SECTIONS,
-        "pretrain.preflight",
-        "pretrain.model",
-        "pretrain.weights",
-        "pretrain.data",
-        *EVAL_FOR_TRAINING,
-    ),
-    "pretrain.hf": (
-        *BASE,
-        *SECTIONS,
-        "pretrain.model",
-        "pretrain.weights",
-        "pretrain.data",
-        "pretrain.eval",
-    ),
-    # The planner traces the real engine: DeepSpeed's config, the rank setup, fp8's wrap.
-    "pretrain.planner": (
-        *BASE,
-        *SECTIONS,
-        "pretrain.model",
-        "pretrain.data",
-        "pretrain.train.engine",
-        "pretrain.train.distributed",
-        "pretrain.train.fp8",
-    ),
-    # What benchmarks/ and gpucheck/ both run: the peers' race, RoPE variants, a measured run;
-    # and what DeepSpeed's engine sends (deepspeed_comms: the engine as training builds it).
-    "pretrain.measure": (
-        *BASE,
-        *SECTIONS,
-        "pretrain.model",
-        "pretrain.hf",
-        "pretrain.train.engine",
-        "pretrain.train.deepspeed_adapter",
-    ),
-    "pretrain.analysis": (*BASE, *SECTIONS, "pretrain.model"),
-    "pretrain.study": (*BASE, *SECTIONS, "pretrain.eval", "pretrain.planner"),
-    "pretrain.benchmarks": (
-        *BASE,
-        *SECTIONS,
-        "pretrain.model",
-        "pretrain.weights",
-        "pretrain.data",
-        "pretrain.eval",
-        "pretrain.train",
-        "pretrain.hf",
-        "pretrain.analysis",
-        "pretrain.measure",
-        "pretrain.planner",
-    ),
-    "pretrain.gpucheck": (
-        *BASE,
-        *SECTIONS,
-        "pretrain.model",
-        "pretrain.weights",
-        "pretrain.data",
-        "pretrain.eval",
-        "pretrain.train",
-        "pretrain.planner",
-        "pretrain.analysis",
-        "pretrain.measure",
-    ),
-    "pretrain.cli": ("pretrain",),  # everything (_allowed)
-    "pretrain.main": ("pretrain.cli",),
+# What a module (by prefix) may import inside a function but not when it loads.
+LOAD_TIME: dict[str, tuple[str, tuple[str, ...]]] = {
+    # `study write`, `status` and `submit` load no torch; `study plan` traces inside functions.
+    "study-loads-no-training": ("pretrain.study", ("pretrain.train", "pretrain.planner")),
+    # The planner answers a run's `auto` fields when the run asks (LazyPlanner), not at every
+    # start of every rank.
+    "train-program-plans-on-demand": ("pretrain.cli.train", ("pretrain.planner",)),
 }
-
-
-def layer_of(name: str) -> str | None:
-    """The longest LAYERS prefix that names `name` (None: a module no layer holds)."""
-    best = None
-    for prefix in LAYERS:
-        if _within(name, prefix) and (best is None or len(prefix) > len(best)):
-            best = prefix
-    return best
+# Third-party packages heavy to load (a second or more, or needed by few runs): the one other
+# reason for an import of our modules inside a function.
+HEAVY = {
+    "torch", "deepspeed", "megatron", "transformers", "lm_eval", "datasets", "matplotlib",
+    "torchao", "wandb", "litgpt",
+}  # fmt: skip
 
 
 def _within(name: str, prefix: str) -> bool:
-    # "pretrain" stands for the package's own __init__ only, not for everything under it.
-    return name == prefix or (prefix != "pretrain" and name.startswith(prefix + "."))
+    return name == prefix or name.startswith(prefix + ".")
 
 
-def _allowed(layer: str, target: str) -> bool:
-    allowed = LAYERS[layer]
-    if layer == "pretrain.cli":
-        return True  # programs may import everything
-    return layer_of(target) == layer or any(_within(target, p) for p in allowed)
+def _load_time_rule(importer: str, target: str) -> str | None:
+    """The LOAD_TIME contract that forbids `importer` to import `target` when it loads."""
+    for contract, (source, forbidden) in LOAD_TIME.items():
+        if _within(importer, source) and any(_within(target, f) for f in forbidden):
+            return contract
+    return None
 
 
 @dataclass(frozen=True)
 class Contract:
     name: str
     rule: str  # one sentence: what holds, as docs/architecture.md says it
-    check: Callable[[dict[str, Module], Path], list[str]]
+    check: Callable[[dict[str, Module]], list[str]]
 
 
-def _layers(modules: dict[str, Module], root: Path) -> list[str]:
-    bad = [f"{n}: in no layer of tests/contracts.py LAYERS" for n in modules if not layer_of(n)]
-    for name, mod in sorted(modules.items()):
-        layer = layer_of(name)
-        if layer:
-            bad += [f"{name} -> {t}" for t in sorted(mod.imports) if not _allowed(layer, t)]
-    return bad
-
-
-def _forbid(
-    layer: str, forbidden: tuple[str, ...], load_time_only: bool = False
-) -> Callable[[dict[str, Module], Path], list[str]]:
-    def check(modules: dict[str, Module], root: Path) -> list[str]:
-        bad = []
-        for name, mod in sorted(modules.items()):
-            if name == layer or name.startswith(layer + "."):
-                targets = mod.load_time_imports if load_time_only else mod.imports
-                bad += [
-                    f"{name} -> {t}"
-                    for t in sorted(targets)
-                    if any(_within(t, f) for f in forbidden)
-                ]
-        return bad
+def _loads(contract: str) -> Callable[[dict[str, Module]], list[str]]:
+    def check(modules: dict[str, Module]) -> list[str]:
+        return [
+            f"{name} -> {t}"
+            for name, mod in sorted(modules.items())
+            for t in sorted(mod.load_imports)
+            if _load_time_rule(name, t) == contract
+        ]
 
     return check
 
 
-def _no_circles(modules: dict[str, Module], root: Path) -> list[str]:
+def _no_circles(modules: dict[str, Module]) -> list[str]:
     bad = [" <-> ".join(sorted(c)) for c in import_circles(modules)]
     # A module importing a package that holds it runs that package's __init__ half-way
     # (hf/targets/remote.py importing pretrain.hf.targets): a circle Python hides.
@@ -201,14 +81,26 @@ def _no_circles(modules: dict[str, Module], root: Path) -> list[str]:
     return bad
 
 
-def _programs_in_cli(modules: dict[str, Module], root: Path) -> list[str]:
-    bad = [
-        f"{name} -> {t}"
-        for name, mod in sorted(modules.items())
-        if not name.startswith("pretrain.cli") and name != "pretrain.main"
-        for t in sorted(mod.imports)
-        if t.startswith("pretrain.cli")
-    ]
+def _reasoned_inner_imports(modules: dict[str, Module]) -> list[str]:
+    bad = []
+    for name, mod in sorted(modules.items()):
+        heavy_here = packages_loaded(modules, name) & HEAVY
+        for s in mod.inner:
+            if any(_load_time_rule(name, t) for t in s.loads):
+                continue
+            if set().union(*(packages_loaded(modules, t) for t in s.loads)) & (HEAVY - heavy_here):
+                continue
+            bad.append(
+                f"{name}:{s.line} imports {', '.join(sorted(s.ours))} inside {s.function}(): "
+                "no load-time contract forbids it and it loads no heavy package the module "
+                "does not (import it at the top)"
+            )
+    return bad
+
+
+def _programs_in_cli(modules: dict[str, Module]) -> list[str]:
+    # That nothing outside cli/ imports cli/ is the layers contract's (lint-imports).
+    bad = []
     for name, mod in sorted(modules.items()):
         if name.startswith("pretrain.cli") or name == "pretrain.main":
             continue
@@ -223,12 +115,12 @@ def _programs_in_cli(modules: dict[str, Module], root: Path) -> list[str]:
 _EXIT_CALLS = {("sys", "exit"), ("os", "_exit")}
 
 
-def _exit_codes_named_once(modules: dict[str, Module], root: Path) -> list[str]:
+def _exit_codes_named_once(modules: dict[str, Module]) -> list[str]:
     bad = []
     for name, mod in sorted(modules.items()):
         if name == "pretrain.exit_codes":
             continue
-        for node in ast.walk(ast.parse(mod.path.read_text())):
+        for node in ast.walk(mod.tree):
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 bad += [
@@ -250,49 +142,34 @@ def _exit_codes_named_once(modules: dict[str, Module], root: Path) -> list[str]:
 
 
 CONTRACTS = [
-    Contract("layers", "each layer imports only the layers below it (LAYERS)", _layers),
-    Contract(
-        "model-imports-only-its-section",
-        "pretrain.model imports only its own config section, the schema and errors of ours",
-        _forbid(
-            "pretrain.model",
-            tuple(
-                p
-                for p in [*LAYERS, "pretrain.run_layout", "pretrain.integrity"]
-                if p not in {"pretrain", "pretrain.schema", "pretrain.errors"}
-                and not p.startswith("pretrain.model")
-            ),
-        ),
-    ),
-    Contract(
-        "data-below-evaluation",
-        "pretrain.data imports neither evaluation, training nor anything above",
-        _forbid("pretrain.data", ("pretrain.eval", "pretrain.train", *ABOVE_TRAINING)),
-    ),
     Contract(
         "study-loads-no-training",
         "no module of pretrain.study imports training or the planner when it loads",
-        _forbid("pretrain.study", ("pretrain.train", "pretrain.planner"), load_time_only=True),
+        _loads("study-loads-no-training"),
     ),
     Contract(
-        "gpucheck-apart-from-benchmarks",
-        "pretrain.gpucheck does not import pretrain.benchmarks (what both need is below)",
-        _forbid("pretrain.gpucheck", ("pretrain.benchmarks",)),
+        "train-program-plans-on-demand",
+        "pretrain/cli/train.py imports the planner inside the functions a run's `auto` calls",
+        _loads("train-program-plans-on-demand"),
+    ),
+    Contract(
+        "imports-inside-functions",
+        "an import of ours inside a function only where the load-time one breaks a LOAD_TIME "
+        "contract or loads a HEAVY package the module does not",
+        _reasoned_inner_imports,
     ),
     Contract("no-circles", "no import circle, none through a module's own package", _no_circles),
-    Contract(
-        "programs-in-cli", "programs, flags and __main__ only in pretrain/cli/", _programs_in_cli
-    ),
+    Contract("programs-in-cli", "flags and __main__ only in pretrain/cli/", _programs_in_cli),
     Contract(
         "exit-codes-named", "every exit code named once, in exit_codes.py", _exit_codes_named_once
     ),
 ]
 
 
-def broken(root: Path = ROOT) -> dict[str, list[str]]:
+def broken(root=ROOT) -> dict[str, list[str]]:
     """Each contract's violations in the tree at `root` (empty lists: all kept)."""
     modules = load_modules(root)
-    return {c.name: c.check(modules, root) for c in CONTRACTS}
+    return {c.name: c.check(modules) for c in CONTRACTS}
 
 
 def main() -> int:
@@ -301,7 +178,9 @@ def main() -> int:
     for contract in CONTRACTS:
         for line in failed.get(contract.name, []):
             print(f"contract {contract.name} ({contract.rule}): {line}")
-    print(f"import contracts: {len(CONTRACTS) - len(failed)} kept, {len(failed)} broken")
+    print(
+        f"import contracts (tests/contracts.py): {len(CONTRACTS) - len(failed)} kept, {len(failed)} broken"
+    )
     return 1 if failed else 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from architecture import (
     attributes_outside_init,
     function_lines,
     load_modules,
+    packages_loaded,
     strongly_connected,
     trainer_names_used_by_callbacks,
 )
@@ -37,18 +39,14 @@ def test_the_circle_finder_finds_circles():
     assert sorted(map(sorted, strongly_connected(graph))) == [["a", "b", "c"], ["e", "f"]]
 
 
-def test_few_imports_of_our_modules_inside_functions():
-    # Only a heavy optional dependency justifies a late import; our own modules are light.
-    counts = {m.name: m.inner_count for m in MODULES.values() if m.inner_count}
-    assert sum(counts.values()) <= 50, sorted(counts.items(), key=lambda kv: -kv[1])[:10]
-
-
 def _tree_copy(tmp_path: Path) -> Path:
-    """The package's sources in `tmp_path`, for a deliberate violation."""
+    """The package's sources and pyproject.toml (import-linter's contracts) in `tmp_path`,
+    for a deliberate violation."""
     for path in PACKAGE.rglob("*.py"):
         target = tmp_path / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
+    shutil.copyfile(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
 
@@ -57,38 +55,102 @@ def _append(root: Path, module: str, code: str) -> None:
     path.write_text(path.read_text() + "\n" + textwrap.dedent(code))
 
 
+def _lint_imports(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """`make lint`'s lint-imports in `root` (its pretrain/ first on the path: the cwd)."""
+    command = [str(Path(sys.executable).parent / "lint-imports"), "--no-cache", "--no-logo"]
+    env = {**os.environ, "COLUMNS": "300"}  # one line per import in the report
+    return subprocess.run([*command, *args], cwd=root, capture_output=True, text=True, env=env)
+
+
+LINTER_IDS = [
+    c["id"]
+    for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+]
+
+
 def test_import_contracts_hold():
-    # What `make lint` runs (python tests/contracts.py).
+    # What `make lint` runs: lint-imports, then python tests/contracts.py.
+    out = _lint_imports(ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
     assert {k: v for k, v in contracts.broken().items() if v} == {}
     assert {c.name for c in contracts.CONTRACTS} == set(VIOLATIONS)
+    assert set(LINTER_IDS) == set(LINTER_VIOLATIONS)
 
 
-# One deliberate violation per contract: the module it goes in, the code, the line expected.
+# One deliberate violation per import-linter contract: a module and what it imports, inside a
+# function (an import there is an import like any other; lint-imports reports "a -> b").
+LINTER_VIOLATIONS = {
+    "layers": ("pretrain.eval.metrics", "pretrain.hf"),
+    "sections": ("pretrain.train.config", "pretrain.train.engine"),
+    "model-imports-only-its-section": ("pretrain.model.rope", "pretrain.config"),  # the aggregate
+    "data-below-evaluation": ("pretrain.data.tokenizer", "pretrain.eval.metrics"),
+    "gpucheck-apart-from-benchmarks": ("pretrain.gpucheck.report", "pretrain.benchmarks.optim"),
+    "preflight-for-programs": ("pretrain.hf.card", "pretrain.preflight"),
+    "row-weights": ("pretrain.weights", "pretrain.data.dataset"),
+    "row-preflight": ("pretrain.preflight", "pretrain.data.dataset"),
+    "row-training": ("pretrain.train.trainer", "pretrain.eval.compare"),
+    "row-planner": ("pretrain.planner.gpus", "pretrain.train.trainer"),
+    "row-measurements": ("pretrain.measure.measured_run", "pretrain.data.dataset"),
+    "row-analysis": ("pretrain.analysis.presets", "pretrain.eval.metrics"),
+    "row-study": ("pretrain.study.status", "pretrain.model.transformer"),
+    "row-gpucheck": ("pretrain.gpucheck.report", "pretrain.hf"),
+    "row-main": ("pretrain.main", "pretrain.config"),
+}
+
+
+@pytest.fixture(scope="module")
+def violated_tree(tmp_path_factory) -> Path:
+    """A copy of the package with every violation of LINTER_VIOLATIONS in it."""
+    root = _tree_copy(tmp_path_factory.mktemp("violated"))
+    for i, (importer, imported) in enumerate(LINTER_VIOLATIONS.values()):
+        path = f"{importer.replace('.', '/')}.py"
+        _append(root, path, f"def _violation_{i}():\n    import {imported}\n")
+    return root
+
+
+@pytest.mark.parametrize("contract", LINTER_IDS)
+def test_each_import_linter_contract_fails_on_a_violation(violated_tree, contract):
+    importer, imported = LINTER_VIOLATIONS[contract]
+    out = _lint_imports(violated_tree, "--contract", contract)
+    assert out.returncode == 1 and f"{importer} -> {imported}" in out.stdout, out.stdout
+
+
+def test_an_import_for_annotations_only_breaks_the_layers(tmp_path):
+    # import-linter counts imports under `if TYPE_CHECKING:` (exclude_type_checking_imports off).
+    root = _tree_copy(tmp_path)
+    code = (
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pretrain.hf import to_hf\n"
+    )
+    _append(root, "pretrain/eval/metrics.py", code)
+    out = _lint_imports(root, "--contract", "layers")
+    assert out.returncode == 1 and "pretrain.eval.metrics -> pretrain.hf" in out.stdout, out.stdout
+
+
+def test_a_module_in_no_layer_breaks_the_layers(tmp_path):
+    root = _tree_copy(tmp_path)
+    (root / "pretrain" / "newcomer.py").write_text("")
+    out = _lint_imports(root, "--contract", "layers")
+    assert out.returncode == 1 and "pretrain.newcomer" in out.stdout, out.stdout
+
+
+# One deliberate violation per contract of tests/contracts.py, as above.
 VIOLATIONS = {
-    "layers": (
-        "pretrain/eval/metrics.py",
-        "import pretrain.hf\n",
-        "pretrain.eval.metrics -> pretrain.hf",
-    ),
-    "model-imports-only-its-section": (
-        "pretrain/model/rope.py",
-        "from pretrain.config import Config\n",  # the aggregate, not model/config.py
-        "pretrain.model.rope -> pretrain.config",
-    ),
-    "data-below-evaluation": (
-        "pretrain/data/tokenizer.py",
-        "def f():\n    from pretrain.eval import metrics\n",
-        "pretrain.data.tokenizer -> pretrain.eval.metrics",
-    ),
     "study-loads-no-training": (
         "pretrain/study/status.py",
         "from pretrain.train import distributed\n",
         "pretrain.study.status -> pretrain.train.distributed",
     ),
-    "gpucheck-apart-from-benchmarks": (
-        "pretrain/gpucheck/report.py",
-        "def f():\n    import pretrain.benchmarks.optim\n",
-        "pretrain.gpucheck.report -> pretrain.benchmarks.optim",
+    "train-program-plans-on-demand": (
+        "pretrain/cli/train.py",
+        "from pretrain.planner import search\n",
+        "pretrain.cli.train -> pretrain.planner.search",
+    ),
+    "imports-inside-functions": (
+        "pretrain/train/trainer.py",
+        "def f():\n    from pretrain.train import records\n",  # light, and loads at the top
+        "imports pretrain.train.records inside f()",
     ),
     "no-circles": (
         "pretrain/hf/targets/llama.py",
@@ -136,11 +198,39 @@ def test_the_contract_program_fails_on_a_violation(tmp_path):
     command = [sys.executable, "tests/contracts.py"]
     ok = subprocess.run(command, cwd=root, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    _append(root, "pretrain/model/norm.py", "import pretrain.train.engine\n")
+    _append(root, "pretrain/study/report.py", "import pretrain.planner.search\n")
     bad = subprocess.run(command, cwd=root, capture_output=True, text=True)
     assert bad.returncode == 1
-    assert "contract model-imports-only-its-section" in bad.stdout
-    assert "pretrain.model.norm -> pretrain.train.engine" in bad.stdout
+    assert "contract study-loads-no-training" in bad.stdout
+    assert "pretrain.study.report -> pretrain.planner.search" in bad.stdout
+
+
+def test_what_runs_when_a_module_loads(tmp_path):
+    """An import under `if TYPE_CHECKING:` does not run, one in its `else:` and one beside it
+    for real do: a module imported both ways is loaded."""
+    package = tmp_path / "pretrain"
+    package.mkdir()
+    for name in ("__init__", "b", "c", "d", "e"):
+        (package / f"{name}.py").write_text("")
+    (package / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n\n"
+        "if TYPE_CHECKING:\n    from pretrain import b, c\nelse:\n    import pretrain.d\n"
+        "from pretrain.b import x\n\n\ndef f():\n    import pretrain.e\n"
+    )
+    a = load_modules(tmp_path)["pretrain.a"]
+    assert a.imports == {"pretrain.b", "pretrain.c", "pretrain.d", "pretrain.e"}
+    assert a.load_imports == {"pretrain.b", "pretrain.d"}
+    assert [(s.function, s.ours) for s in a.inner] == [("f", {"pretrain.e"})]
+
+
+def test_an_import_both_for_annotations_and_at_load_time_breaks_a_load_time_rule(tmp_path):
+    # study/plan.py imports the planner's GPU for annotations: the same import for real loads it.
+    root = _tree_copy(tmp_path)
+    plan = root / "pretrain" / "study" / "plan.py"
+    assert "    from pretrain.planner.gpus import GPU\n" in plan.read_text()
+    _append(root, "pretrain/study/plan.py", "from pretrain.planner.gpus import GPU  # noqa\n")
+    lines = contracts.broken(root)["study-loads-no-training"]
+    assert lines == ["pretrain.study.plan -> pretrain.planner.gpus"]
 
 
 def test_a_lazy_study_import_of_the_planner_is_allowed(tmp_path):
@@ -152,6 +242,17 @@ def test_a_lazy_study_import_of_the_planner_is_allowed(tmp_path):
     )
     _append(root, "pretrain/study/status.py", code)
     assert contracts.broken(root)["study-loads-no-training"] == []
+
+
+def test_an_import_of_a_heavy_module_inside_a_function_is_allowed(tmp_path):
+    # eval/harness.py loads lm-eval, which eval/metrics.py does not: a reason to import it late.
+    root = _tree_copy(tmp_path)
+    _append(root, "pretrain/eval/metrics.py", "def f():\n    from pretrain.eval import harness\n")
+    assert contracts.broken(root)["imports-inside-functions"] == []
+    modules = load_modules(root)
+    assert "lm_eval" in packages_loaded(modules, "pretrain.eval.harness") - packages_loaded(
+        modules, "pretrain.eval.metrics"
+    )
 
 
 def test_exit_codes_are_the_ones_slurm_requeues():

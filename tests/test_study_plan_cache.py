@@ -127,7 +127,7 @@ def test_fresh_through_the_program(repo, monkeypatch, capsys):
         seen.update(kwargs)
         return []
 
-    monkeypatch.setattr(plan, "plan_rows", fake_plan_rows)  # the program imports it late
+    monkeypatch.setattr(plan, "plan_rows", fake_plan_rows)  # the program calls plan.plan_rows
     monkeypatch.chdir(repo)
     assert cli.main(["plan", "studies/small.yaml", "--fresh"]) == 0
     assert seen == {"fresh": True}

@@ -21,7 +21,7 @@ import torch
 
 from pretrain.analysis.presets import load_preset
 from pretrain.config import ConfigError, ModelConfig, rotary_dims_from_fraction
-from pretrain.model.rope import rope_cache_bytes
+from pretrain.model.rope import inverse_frequencies, rope_cache_bytes
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import atomic_write
 from pretrain.tables import pipe_table, text_table
@@ -337,7 +337,6 @@ def spectrum_rows(head_dim: int, theta: float, fractions: Sequence[float]) -> li
     """The two spectra a partial-RoPE model can carry on the same rotary dims (its cache is
     the same size either way): NeoX's frequencies rescaled over the r dims, and p-RoPE's, the
     r/2 highest of full RoPE's (pretrain/model/position.py). Wavelengths in tokens."""
-    from pretrain.model.rope import inverse_frequencies
 
     rows = []
     for f in fractions:

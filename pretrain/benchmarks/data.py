@@ -29,6 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from pretrain.data.megatron_compat import import_quietly
+from pretrain.data.shards import token_dtype
+from pretrain.data.tokenizer import load_tokenizer
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -93,7 +97,6 @@ _REF = None
 def _ref_init(spec: str) -> None:
     global _REF
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from pretrain.data.tokenizer import load_tokenizer
 
     _REF = load_tokenizer(spec)
 
@@ -109,10 +112,6 @@ def _ref_encode(line: str) -> tuple[list[int], int]:
 
 def _reference(input_path: Path, spec: str, workers: int, out: Path) -> int:
     import numpy as np
-
-    from pretrain.data.megatron_compat import import_quietly
-    from pretrain.data.shards import token_dtype
-    from pretrain.data.tokenizer import load_tokenizer
 
     idx_mod = import_quietly("megatron.core.datasets.indexed_dataset")
     dtype = token_dtype(load_tokenizer(spec).vocab_size)
@@ -140,9 +139,7 @@ def _measure(fn) -> tuple[int, float, float]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pretrain.data.megatron_compat import import_quietly
     from pretrain.data.prepare import prepare
-    from pretrain.data.tokenizer import load_tokenizer
 
     import_quietly("megatron.core.datasets.indexed_dataset")  # imports are not part of the timing
     tok = load_tokenizer(args.tokenizer)

@@ -34,7 +34,11 @@ import torch
 
 from pretrain.analysis.presets import preset_path
 from pretrain.config import load_model_config
+from pretrain.data.tokenizer import load_tokenizer
+from pretrain.eval.stops import StopStrings
+from pretrain.hf import export_hf
 from pretrain.model import Transformer
+from pretrain.model.attention import KVCache
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
@@ -171,7 +175,6 @@ def _time(fn, reqs):
 
 
 def run(args: argparse.Namespace) -> None:
-    from pretrain.data.tokenizer import load_tokenizer
     from pretrain.eval.harness import PretrainLM, default_device, resolve_dtype
 
     if args.threads:
@@ -243,8 +246,6 @@ def run(args: argparse.Namespace) -> None:
         from lm_eval.models.huggingface import HFLM
         from transformers import PreTrainedTokenizerFast
 
-        from pretrain.hf import export_hf
-
         if tok.kind != "hf":
             raise SystemExit("--compare-hf needs a Hugging Face tokenizer.json (--tokenizer)")
         tmp = tempfile.mkdtemp(prefix="bench_eval_hf_")
@@ -297,9 +298,6 @@ def _paired(a, b, rounds: int = 7) -> tuple[float, float, float]:
 def _generation(args, lm, ll, sync) -> dict:
     """generate_until requests/s, and its prefill and stop check against what they replaced."""
     from lm_eval.api.instance import Instance
-
-    from pretrain.eval.stops import StopStrings
-    from pretrain.model.attention import KVCache
 
     gen = {"until": ["\n\n"], "max_gen_toks": args.gen_tokens}
     reqs = [Instance("generate_until", {}, (r.args[0], gen), i) for i, r in enumerate(ll)]

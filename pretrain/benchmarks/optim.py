@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from pretrain.config import Config, from_dict
+from pretrain.train import distributed as dist_utils
 from pretrain.train.engine import build_engine, optimizer_impl
 
 IMPLS = ("deepspeed", "foreach", "fused")
@@ -93,8 +94,6 @@ def _sync(device: torch.device) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pretrain.train import distributed as dist_utils
-
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if not torch.distributed.is_initialized():
         dist_utils.setup_env()

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from pretrain.config import DataConfig
+from pretrain.data.megatron_compat import import_quietly
 
 MODES = ("readahead", "random", "file")
 
@@ -63,7 +64,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def write_sparse_dataset(prefix: Path, tokens: int, doc_tokens: int) -> None:
     """PREFIX.bin: `tokens` uint16 zeros as a hole; PREFIX.idx: megatron's index (version 1)."""
-    from pretrain.data.megatron_compat import import_quietly
 
     DType = import_quietly("megatron.core.datasets.indexed_dataset").DType
     n = tokens // doc_tokens

@@ -27,6 +27,7 @@ from pretrain.config import (
     load_model_config,
     to_dict,
 )
+from pretrain.data.dataset import make_loader
 from pretrain.data.pipeline import DataSource
 from pretrain.measure.measured_run import RandomTokens, measurement_config
 from pretrain.run_layout import read_metrics
@@ -93,7 +94,6 @@ def run(args: argparse.Namespace) -> None:
         cfg = build_config(args, tmp, world)
         n = cfg.train.train_iters * cfg.train.global_batch_size
         ds = RandomTokens(n, cfg.seq_len, cfg.model.vocab_size)
-        from pretrain.data.dataset import make_loader
 
         train(cfg, DataSource(ds, None, make_loader), save_checkpoints=False)
         if os.environ.get("RANK", "0") != "0":

@@ -28,6 +28,7 @@ from pretrain.eval.compare import (
     to_csv,
 )
 from pretrain.eval.lengths import parse_rope_scaling, scaling_tag
+from pretrain.eval.plots import plot_loss_curves
 from pretrain.eval.position_plots import plot_position_curves
 from pretrain.run_layout import atomic_write
 
@@ -124,8 +125,6 @@ def main(argv=None) -> int:
         _write(args.csv, to_csv(runs, groups))
         print(f"wrote {args.csv}")
     if args.plot:
-        from pretrain.eval.plots import plot_loss_curves
-
         print(f"wrote {plot_loss_curves(args.runs, args.plot)}")
     if curves is not None:
         print(f"wrote {plot_position_curves(curves, args.positions_plot)}")

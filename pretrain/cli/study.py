@@ -27,6 +27,7 @@ from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.cli.study_runtime import RUNTIME_COMMANDS, add_runtime_commands, run_runtime_command
 from pretrain.config import add_set_option, load_config
 from pretrain.planner.gpus import DEFAULT_MFU
+from pretrain.study import plan as study_plan
 from pretrain.study.listing import format_run_table
 from pretrain.study.runs import Study
 from pretrain.study.spec import load_study
@@ -122,14 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in RUNTIME_COMMANDS:
         return run_runtime_command(args, study)
     if args.command == "plan":
-        # Late: the planner traces with torch; write, list and status read files only.
-        from pretrain.study.plan import format_plan_table, plan_rows
-
-        rows = plan_rows(study, args.gpu, args.mfu, log=sys.stderr, fresh=args.fresh)
+        # study/plan.py loads the planner (and torch) only inside the functions that trace.
+        rows = study_plan.plan_rows(study, args.gpu, args.mfu, log=sys.stderr, fresh=args.fresh)
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
-            print(format_plan_table(rows))
+            print(study_plan.format_plan_table(rows))
         return 0 if all(r["fits"] for r in rows) else 1
     if args.check:
         return _check(study, args)

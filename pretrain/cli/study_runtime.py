@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from pretrain.study.local_executor import local_gpus, run_locally
 from pretrain.study.records import StudyUsageError
 from pretrain.study.runs import Study, relative_path
 from pretrain.study.selection import EVAL_ARGS_ENV, eval_arguments, select_runs
+from pretrain.study.slurm_submit import submit_to_slurm
 from pretrain.study.status import STATES, format_status_table, study_status
 
 RUNTIME_COMMANDS = ("submit", "status", "report")
@@ -155,11 +157,7 @@ def run_runtime_command(args: argparse.Namespace, study: Study) -> int:
     repo = Path(study.repo)
     if args.command == "status":
         return _status(study, repo, args.watch, False if args.no_slurm else None)
-    # Late, so that `status` (and write, list) load neither the trainer's launch nor plots.
     if args.command == "submit":
-        from pretrain.study.local_executor import local_gpus, run_locally
-        from pretrain.study.slurm_submit import submit_to_slurm
-
         runs = select_runs(study, args.only)
         eval_args = eval_arguments(args.eval_args)
         if args.executor == "local":

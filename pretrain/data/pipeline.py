@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from pretrain.config import Config
+from pretrain.data import dataset
 from pretrain.data.config import check_data_paths, check_vocab
 from pretrain.data.prefixes import tokenizer_for_data
 from pretrain.data.recipes import prepare_stdlib_corpus
@@ -94,7 +95,6 @@ def prepare_recipe_data(cfg: Config, env: RankInfo) -> None:
 
 def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     """megatron-core indexed datasets through pretrain.data.dataset, and their tokenizer."""
-    from pretrain.data import dataset
 
     if cfg.data.recipe is not None:  # the preflight checked the paths of prepared data
         prepare_recipe_data(cfg, env)

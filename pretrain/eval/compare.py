@@ -38,6 +38,7 @@ from pretrain.eval.compare_positions import (
     parse_positions,
     scaling_text,
 )
+from pretrain.eval.plots import save_png
 from pretrain.eval.positions import POSITIONS_JSON
 from pretrain.eval.tables import MISSING, PAPER_COLUMNS, PPL_COLUMNS, markdown_table, metric
 from pretrain.run_layout import CONFIG_FILE, EVAL_DIR, RunLayout, read_metrics, step_tag
@@ -333,8 +334,6 @@ def plot_downstream(groups: list[Group], out: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from pretrain.eval.plots import save_png
 
     bands = downstream_bands(groups)
     if not bands:

@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from pretrain.config import ConfigError, DataConfig, RopeScalingConfig, from_dict
 from pretrain.data.documents import DocumentSwitches
+from pretrain.data.tokenizer import load_tokenizer
 from pretrain.errors import UserError
 from pretrain.eval.lengths import parse_rope_scaling
 from pretrain.eval.stops import StopStrings
@@ -115,7 +116,6 @@ def load_checkpoint(
     tokenizer: str | None = None,
 ):
     """(model, tokenizer, weights folder, full config) of a run folder / checkpoint / weights folder."""
-    from pretrain.data.tokenizer import load_tokenizer
 
     device = device or default_device()
     wdir = find_weights_dir(path, step)

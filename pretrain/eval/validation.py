@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import ConfigError, DataConfig, RopeScalingConfig, from_dict, to_dict
+from pretrain.data.dataset import build_datasets, read_token_stream
 from pretrain.data.documents import DocumentSwitches
 from pretrain.data.prefixes import DataError
 from pretrain.eval.lengths import (
@@ -51,7 +52,6 @@ def evaluate_validation(
     and with `per_position` the loss at each position of those samples, from the same pass."""
     import torch
 
-    from pretrain.data.dataset import build_datasets
     from pretrain.eval.harness import load_checkpoint
 
     model, tok, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)
@@ -117,7 +117,6 @@ def evaluate_lengths(
 
     Every length scores the same first N targets of the stream, N = samples x the training
     length rounded down to a multiple of the longest length."""
-    from pretrain.data.dataset import read_token_stream
     from pretrain.eval.harness import load_checkpoint
 
     model, tok, _, config = load_checkpoint(weights_dir, device=device, dtype=dtype)

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from pretrain.data.tokenizer import Tokenizer
+from pretrain.eval.checkpoint_eval import RESULTS_JSON, VALID_JSON, default_output_dir
 from pretrain.model.position import LayerPosition
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import CONFIG_FILE, STATE_FILE
@@ -47,7 +48,6 @@ def _read_json(path: Path) -> Any:
 def run_info(weights_dir: str | Path) -> RunInfo:
     """Training and evaluation facts of a weights folder, read from the run's files when present:
     the run config, the checkpoint's marker and RUN/eval/<step>/ (tools/evaluate.py)."""
-    from pretrain.eval.checkpoint_eval import RESULTS_JSON, VALID_JSON, default_output_dir
 
     wdir = Path(weights_dir)
     info = RunInfo(source=str(wdir))

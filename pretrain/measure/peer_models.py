@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from pretrain.config import ModelConfig
+from pretrain.hf import to_hf
 from pretrain.model.transformer import Transformer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -206,7 +207,6 @@ def variant(base: nn.Module, **changes) -> nn.Module:
 
 def transformers_peer(model: nn.Module, compile_backend: str | None = None) -> Contestant:
     """LlamaForCausalLM or GPTNeoXForCausalLM (by the model's family) with our weights."""
-    from pretrain.hf import to_hf
 
     target = "gpt_neox" if family(model.cfg) == "pythia" else "llama"
     hf = to_hf(model, target).train()

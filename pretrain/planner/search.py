@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from pretrain.config import Config, ConfigError, ModelConfig
+from pretrain.data.dataset import document_lengths
+from pretrain.data.documents import attended_fraction
 from pretrain.model.recompute import KEY as CKPT_KEY
 from pretrain.model.recompute import describe_recompute, recompute_layers
 from pretrain.model.transformer import Transformer
@@ -199,8 +201,6 @@ def document_fraction(cfg: Config) -> tuple[float, str | None]:
     bound: every row one document)."""
     if not cfg.data.document_mask:
         return 1.0, None
-    from pretrain.data.dataset import document_lengths
-    from pretrain.data.documents import attended_fraction
 
     key = (tuple(cfg.data.train), cfg.seq_len)
     if key not in _fractions:

@@ -24,6 +24,7 @@ import yaml
 
 from pretrain.config import Config, to_dict
 from pretrain.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from pretrain.model.position import layer_positions
 from pretrain.run_layout import atomic_write, read_metrics
 from pretrain.train.callbacks import callback_class
 from pretrain.train.callbacks.base import Trainer
@@ -52,7 +53,6 @@ def describe_positions(model_cfg) -> str:
     """The start-up line's positions: 'rotary dims r/head_dim' when every layer is plain RoPE
     (or NoPE) at one theta, else each run of equal layers (`LayerPosition.describe`):
     'positions by layer: 0-2 RoPE 64/64 (neox, theta 10000), full; 3 NoPE, full'."""
-    from pretrain.model.position import layer_positions
 
     layers = layer_positions(model_cfg)
     texts = [p.describe() for p in layers]
