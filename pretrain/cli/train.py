@@ -21,6 +21,7 @@ from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import add_set_option, load_config, to_dict
 from pretrain.run_layout import CheckpointSaveError
 from pretrain.study.records import keep_run_lock_from_children
+from pretrain.train.distributed import shutdown
 from pretrain.train.trainer import train
 
 
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
             return 0
 
-        return train(cfg, planner=LazyPlanner())
+        code = train(cfg, planner=LazyPlanner())
+        shutdown()  # after the run's last barrier: every rank is here
+        return code
     except CheckpointSaveError as e:  # the run is resumable: say how, without a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1

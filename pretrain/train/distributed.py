@@ -153,6 +153,14 @@ def gather_hostnames(world_size: int) -> list[str]:
     return names
 
 
+def shutdown() -> None:
+    """Destroy the process group at the end of a run, every rank alike, so that its threads
+    are joined before the interpreter's teardown (left to the exit, a gloo rank was once
+    aborted there: "terminate called without an active exception")."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def barrier() -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
