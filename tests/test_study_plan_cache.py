@@ -165,3 +165,16 @@ print(json.dumps([m.__file__ for n, m in sys.modules.items()
     assert {"planner/search.py", "model/attention.py", "train/engine.py"} <= names
     outside = {"train/trainer.py", "train/metrics.py", "study/plan.py", "cli/study.py"}
     assert not names & outside
+
+
+def test_traces_in_processes_of_their_own_equal_traces_here(repo, monkeypatch):
+    """Traced in a pool of processes (as a cold plan of many shapes is) or in this process,
+    every row is the same."""
+    from pretrain.study import plan as study_plan
+
+    monkeypatch.setattr(study_plan, "PARALLEL_FROM", 10**6)
+    here, _ = plan(repo, cache=False)
+    monkeypatch.setattr(study_plan, "PARALLEL_FROM", 2)  # the study's two shapes, in a pool
+    pooled, log = plan(repo, cache=False)
+    assert log.count("planned ") == 2
+    assert pooled == here
