@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from train_support import metrics, run_main, stdlib_data, tiny_config, write_config
+from train_support import metrics, run_main, stdlib_data, tiny_config, wandb_rows, write_config
 
 TESTS = Path(__file__).parent
 
@@ -104,45 +104,6 @@ def test_bad_callback_entry_is_one_line(
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
-def wandb_history(path: Path) -> list[dict]:
-    """History rows of an offline W&B run file: wandb's protobuf Records in the LevelDB log
-    format (32 KiB blocks; a record is split into FIRST/MIDDLE/LAST pieces at block ends)."""
-    import struct
-
-    from wandb.proto import wandb_internal_pb2
-
-    data, pos, block, raws, buf = path.read_bytes(), 7, 32768, [], b""
-    assert data[:4] == b":W&B"
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if left < 7 or (length == 0 and kind == 0):  # block trailer / padding
-            pos += left
-            continue
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        if kind in (1, 4):  # FULL, LAST
-            raws.append(buf + chunk if kind == 4 else chunk)
-        buf = chunk if kind == 2 else buf + chunk if kind == 3 else b""
-    rows = []
-    for raw in raws:
-        rec = wandb_internal_pb2.Record()
-        rec.ParseFromString(raw)
-        if rec.WhichOneof("record_type") == "history":
-            rows.append(
-                {
-                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                    for i in rec.history.item
-                }
-            )
-    return rows
-
-
-def _wandb_rows(run: Path) -> list[dict]:
-    (run_dir,) = (run / "wandb").glob("offline-run-*")
-    (history,) = run_dir.glob("*.wandb")
-    return wandb_history(history)
-
-
 def test_wandb_logs_the_runs_scalars_offline(tmp_path, tmp_path_factory):
     pytest.importorskip("wandb", reason="pip install wandb (the dev extras hold it)")
     data = stdlib_data(tmp_path_factory)
@@ -152,7 +113,7 @@ def test_wandb_logs_the_runs_scalars_offline(tmp_path, tmp_path_factory):
         write_config(tmp_path / "run.yaml", cfg), WANDB_MODE="offline", WANDB_SILENT="true"
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    logged = {int(row["train/step"]): row for row in _wandb_rows(tmp_path / "run")}
+    logged = {int(row["train/step"]): row for row in wandb_rows(tmp_path / "run")}
     want = metrics(tmp_path / "run")
     assert sorted(logged) == [1, 2, 3, 4]
     for step in (1, 2, 3, 4):  # every scalar of metrics.jsonl, the same value
@@ -201,12 +162,12 @@ def test_a_rollback_reaches_every_sink(tmp_path, tmp_path_factory):
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("spikes/rollbacks")] == [(5, 1.0)]
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 17))
-    wandb_rows = _wandb_rows(run)
-    steps = [int(row["train/step"]) for row in wandb_rows]
+    logged = wandb_rows(run)
+    steps = [int(row["train/step"]) for row in logged]
     assert steps == [*range(1, 12), 5, *range(6, 17)], steps
-    (rollback,) = [row for row in wandb_rows if "spikes/rollbacks" in row]
+    (rollback,) = [row for row in logged if "spikes/rollbacks" in row]
     assert rollback["train/step"] == 5 and rollback["spikes/rollback_from"] == 11
-    retrained = [row for row in wandb_rows if "train/loss" in row][-11:]  # steps 6..16, again
+    retrained = [row for row in logged if "train/loss" in row][-11:]  # steps 6..16, again
     assert [int(row["train/step"]) for row in retrained] == list(range(6, 17))
     assert [row["train/loss"] for row in retrained] == [rows[s]["train/loss"] for s in range(6, 17)]
     # The user's sink saw the same records in the same order, and the same scalars.

@@ -112,8 +112,7 @@ def test_the_papers_default_trains_through_a_skipped_step_seen_by_every_sink(
     infinite gradient norm (DeepSpeed skipped the update) and spikes/skipped 1."""
     import math
 
-    from test_train_callbacks import _wandb_rows
-    from train_support import metrics, run_main, tiny_config, write_config
+    from train_support import metrics, run_main, tiny_config, wandb_rows, write_config
 
     pytest.importorskip("wandb", reason="pip install wandb (the dev extras hold it)")
     run = tmp_path / "run"
@@ -144,7 +143,7 @@ def test_the_papers_default_trains_through_a_skipped_step_seen_by_every_sink(
     assert sorted(loss) == sorted(norm) == [1, 2, 3, 4, 5, 6]
     assert math.isnan(loss[3]) and norm[3] == math.inf
     assert [e.step for e in acc.Scalars("spikes/skipped")] == [3]
-    logged = {int(row["train/step"]): row for row in _wandb_rows(run)}
+    logged = {int(row["train/step"]): row for row in wandb_rows(run)}
     assert sorted(logged) == [1, 2, 3, 4, 5, 6]
     assert math.isnan(logged[3]["train/loss"]) and logged[3]["train/grad_norm"] == math.inf
     assert logged[3]["spikes/skipped"] == 1.0

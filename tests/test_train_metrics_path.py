@@ -149,9 +149,9 @@ def test_values_reduce_over_two_ranks_in_one_gather():
     procs = [ctx.Process(target=_reduce_on_rank, args=(r, port, out)) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict(out.get(timeout=60) for _ in procs)
+    results = dict(out.get(timeout=600) for _ in procs)  # a hang, not a busy machine
     for p in procs:
-        p.join(30)
+        p.join(300)
         assert p.exitcode == 0
     assert results[0] == results[1] or str(results[0]) == str(results[1])  # NaN != NaN
     first, second = results[0]

@@ -207,3 +207,42 @@ def baseline_run(tmp_path_factory) -> tuple[Path, Path]:
         assert r.returncode == 0, r.stdout + r.stderr
         _baseline.update(data=data, run=run)
     return _baseline["data"], _baseline["run"]
+
+
+def wandb_history(path: Path) -> list[dict]:
+    """History rows of an offline W&B run file: wandb's protobuf Records in the LevelDB log
+    format (32 KiB blocks; a record is split into FIRST/MIDDLE/LAST pieces at block ends)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, raws, buf = path.read_bytes(), 7, 32768, [], b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (length == 0 and kind == 0):  # block trailer / padding
+            pos += left
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # FULL, LAST
+            raws.append(buf + chunk if kind == 4 else chunk)
+        buf = chunk if kind == 2 else buf + chunk if kind == 3 else b""
+    rows = []
+    for raw in raws:
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "history":
+            rows.append(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in rec.history.item
+                }
+            )
+    return rows
+
+
+def wandb_rows(run: Path) -> list[dict]:
+    (run_dir,) = (run / "wandb").glob("offline-run-*")
+    (history,) = run_dir.glob("*.wandb")
+    return wandb_history(history)

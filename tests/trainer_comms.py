@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from warm_start import rank_vars
 
 from pretrain.config import Config, from_dict, to_dict
 from pretrain.data.dataset import make_loader
@@ -114,11 +115,7 @@ class Recorder:
 
 def _worker(rank: int, world_size: int, port: int, configs: dict, out: str) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
+        rank_vars(rank, world_size, str(port)),
         LOCAL_WORLD_SIZE=str(world_size),
         OMP_NUM_THREADS="1",
     )
