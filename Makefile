@@ -11,7 +11,7 @@ HAS_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
 TORCH_WHEELS ?= /opt/wheels
 UV_VERSION   := 0.13.9
 
-.PHONY: venv quickstart test test-quick test-faults test-latest test-exports gpu-check gpu-wheels lock lint clean
+.PHONY: venv quickstart test test-quick test-faults test-latest test-exports gpu-check gpu-wheels lock lint docs clean
 
 venv: $(VENV)/.installed
 
@@ -101,5 +101,10 @@ lint: venv
 	$(PY) tests/contracts.py
 	$(PY) tools/config_schema.py --check
 
+# The documentation site (mkdocs.yml, docs/) into site/: strict, so a broken link, anchor or
+# missing page fails; the API pages are read from the docstrings without importing torch.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .venv-latest .venv-hf-oldest .venv-hf-newest .venv-lock runs/quickstart
+	rm -rf $(VENV) .venv-latest .venv-hf-oldest .venv-hf-newest .venv-lock runs/quickstart site
