@@ -53,10 +53,33 @@ class LayerPosition:
     attention: Literal["full", "sliding"]
     window: int | None  # a query sees itself and window - 1 earlier tokens; None = all
     alibi: bool  # -slope_h x (i - j) on the logits (alibi_slopes)
+    # A pair selection (model.rope_pairs): per KV head, the sorted pairs j that rotate, in
+    # full RoPE's layout (dims j and j + head_dim/2 at theta^(-2j/head_dim)); query heads
+    # follow their group. None: the first rotary_dims dims rotate, as above.
+    pairs: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def rope(self) -> bool:
         return self.rotary_dims > 0
+
+    def kv_rotary_dims(self, n_kv_heads: int) -> tuple[int, ...]:
+        """Rotary dims per KV head: 2 x its kept pairs under a selection, else rotary_dims
+        for every head (0 on a NoPE layer)."""
+        if self.pairs is None:
+            return (self.rotary_dims,) * n_kv_heads
+        if len(self.pairs) != n_kv_heads:
+            raise ValueError(
+                f"layer {self.layer} selects pairs for {len(self.pairs)} KV heads, not {n_kv_heads}"
+            )
+        return tuple(2 * len(kept) for kept in self.pairs)
+
+    def cache_frequencies(self) -> int:
+        """How many distinct inverse frequencies this layer's cos/sin table needs: its
+        rotary_dims / 2, or under a selection the pairs kept by any of its KV heads (each
+        kept pair keeps its own frequency of the full spectrum)."""
+        if self.pairs is None:
+            return self.rotary_dims // 2
+        return len(set().union(*self.pairs))
 
     @property
     def spectrum_dims(self) -> int | None:
