@@ -1,18 +1,11 @@
 """A study's plan: per run its parameters, tokens, steps, whether it fits and its peak memory
 per GPU, GPU-hours and wall time on the study's Slurm layout, and the total.
 
-Each run is traced by the planner (pretrain/planner/, docs/performance.md) as `tools/plan.py`
-plans one config: the real model on fake tensors, DeepSpeed's buffers added, the GPU's
-reserve kept free. Runs that differ only in their seed, run folder or data are traced once. Time is
-the run's executed FLOPs (recompute included) at `mfu` of the GPU's peak, as the paper's Slurm
-time limits are (pretrain/planner/paper.py).
-
-What a trace gives (PlanFigures) is kept in the study's plan cache, studies/NAME/plan_cache/,
-one JSON file per trace named by the sha256 of what the trace depends on: the resolved config
-without seed and run folder, the GPUs, the GPU, the planner's version (PLAN_CACHE_VERSION, the
-torch version and the source of the modules a trace can run, `trace_sources`) and, with a
-document mask, the share of attention pairs measured on this machine's data. Planning again
-traces only what changed: an edit to the trainer, a study module or a tool retraces nothing.
+Each run is traced by the planner as `tools/plan.py` plans one config (pretrain/planner/,
+docs/performance.md); time is the run's executed FLOPs at `mfu` of the GPU's peak, as the
+paper's Slurm time limits are. Runs that differ only in their seed, run folder or data share a
+trace, and a trace's figures are kept in studies/NAME/plan_cache/ under the sha256 of all it
+depends on (docs/studies.md, "plan and write"): planning again traces only what changed.
 """
 
 from __future__ import annotations
@@ -42,16 +35,18 @@ if TYPE_CHECKING:
     from pretrain.planner.gpus import GPU
     from pretrain.planner.search import Plan
 
-# The planner (and torch) load inside the functions that trace: `study write`, `status` and
-# `submit` import this module's neighbours and must not pay for them (tests/contracts.py).
+# The planner (and torch) load inside the functions that trace, so that `study write`,
+# `status` and `submit` never do (tests/contracts.py).
 
-# Bump when what a trace gives changes in a way the planner's source files do not show (or
-# PlanFigures changes): every plan cache entry written before is then a miss.
+# Bump when what a trace gives changes in a way the planner's sources do not show (or
+# PlanFigures changes): every cache entry written before is then a miss.
 PLAN_CACHE_VERSION = 2
-PLAN_CACHE_DIR = "plan_cache"  # under the study's folder, studies/NAME/
-# The module whose plan_run traces a run: the cache key holds the source of every module of
-# ours it imports, directly or through others, when it loads or inside a function.
-TRACE_ENTRY = "pretrain.planner.search"
+PLAN_CACHE_DIR = "plan_cache"  # under studies/NAME/
+TRACE_ENTRY = "pretrain.planner.search"  # its plan_run traces a run
+# Traces at once, one process each, up to the machine's cores: a trace is single-threaded
+# Python dispatching fake tensors. Below PARALLEL_FROM traces, starting the processes (an
+# import of torch each) costs more than it saves.
+PARALLEL_FROM = 3
 
 
 @dataclass(frozen=True)
@@ -72,42 +67,29 @@ class PlanFigures:
 
     @classmethod
     def of(cls, plan: Plan) -> PlanFigures:
-        return cls(
-            n_params=plan.n_params,
-            tokens_per_step=plan.tokens_per_step,
-            steps=plan.steps,
-            micro_batch=plan.micro_batch,
-            grad_accum=plan.grad_accum,
-            layers=plan.layers,
-            n_layers=plan.n_layers,
-            peak=plan.peak,
-            fits=plan.fits,
-            recompute_ratio=plan.recompute_ratio,
-            full_mfu_seconds=plan.run_time(1.0),
-        )
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "full_mfu_seconds"]
+        return cls(**{n: getattr(plan, n) for n in names}, full_mfu_seconds=plan.run_time(1.0))
 
     def run_time(self, mfu: float) -> float:
-        """Plan.run_time(mfu): seconds of the run's model FLOPs at `mfu` (inversely so)."""
+        """Plan.run_time(mfu): seconds of the run's model FLOPs at `mfu`."""
         return self.full_mfu_seconds / mfu
 
     @classmethod
     def from_json(cls, data: Any) -> PlanFigures:
         """The figures a cache entry holds; ValueError where it holds anything else."""
-        kinds = {"int": (int,), "bool": (bool,), "float": (int, float)}
-        fields = {f.name: kinds[str(f.type)] for f in dataclasses.fields(cls)}
-        if not isinstance(data, dict) or set(data) != set(fields):
+        types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) != set(types):
             raise ValueError("not the fields of PlanFigures")
-        for name, kind in fields.items():
-            value = data[name]
-            if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind):
-                raise ValueError(f"{name}: {value!r} is not a {kind[-1].__name__}")
+        for name, value in data.items():
+            kind = {"int": int, "bool": bool, "float": (int, float)}[types[name]]
+            if not isinstance(value, kind) or isinstance(value, bool) != (types[name] == "bool"):
+                raise ValueError(f"{name}: {value!r} is not a {types[name]}")
         return cls(**data)
 
 
 def _trace_key(run: StudyRun, ranks: int) -> str:
-    """What the plan depends on: the config without what only names or seeds the run, or
-    names its data (FineWeb and FineWeb-Edu runs of one shape share a trace; what the data
-    changes, the attention share under a document mask, is a key of its own)."""
+    """What the plan depends on: the config without what only names, seeds or feeds the run
+    (what the data changes, the attention share under a document mask, is in `_cache_key`)."""
     config = json.loads(json.dumps(run.config))
     config["train"].pop("seed", None)
     config["logging"].pop("run_dir", None)
@@ -119,9 +101,8 @@ def _trace_key(run: StudyRun, ranks: int) -> str:
 def trace_sources(entry: str = TRACE_ENTRY) -> list[Path]:
     """The source files of our modules a trace can run: `entry` and every module of ours it
     imports, directly or through others, at load time or inside a function, read with `ast`
-    (a package's lazily loaded names, its `_LAZY` table, count as its imports). An edit to
-    any other file (the trainer, a study module, a tool) leaves every plan's key as it was;
-    tests/test_study_plan_cache.py checks that a real trace loads nothing outside this."""
+    (a package's `_LAZY` table counts as its imports). tests/test_study_plan_cache.py checks
+    that a real trace loads nothing outside them."""
     root = Path(pretrain.__file__).resolve().parent
 
     def path_of(module: str) -> Path | None:
@@ -155,9 +136,8 @@ def trace_sources(entry: str = TRACE_ENTRY) -> list[Path]:
 
 @functools.cache
 def _planner_stamp() -> dict[str, Any]:
-    """The planner's version: the constant, torch's, and the sha256 of the sources a trace
-    runs (`trace_sources`; read once per process: the code imported is the code that
-    traces)."""
+    """The planner's version: the constant, torch's, and the sha256 of `trace_sources` (read
+    once per process: the code imported is the code that traces)."""
     import torch
 
     root = Path(pretrain.__file__).resolve().parent
@@ -165,32 +145,26 @@ def _planner_stamp() -> dict[str, Any]:
     for file in trace_sources():
         digest.update(file.relative_to(root).as_posix().encode() + b"\0")
         digest.update(file.read_bytes() + b"\0")
-    return {
-        "version": PLAN_CACHE_VERSION,
-        "torch": torch.__version__,
-        "source": digest.hexdigest(),
-    }
+    return {"version": PLAN_CACHE_VERSION, "torch": torch.__version__, "source": digest.hexdigest()}
 
 
 def _cache_key(trace_key: str, cfg: Config, device: GPU) -> str:
-    """The sha256 of all a trace depends on: the config and GPUs (`_trace_key`), the GPU, the
-    planner's version and, with a document mask, the attention share measured on the data
-    here (its executed FLOPs; pretrain/planner/search.py document_fraction)."""
+    """The sha256 of all a trace depends on: `_trace_key`, the GPU, the planner's version and,
+    with a document mask, the attention share measured on the data here."""
     from pretrain.planner.search import document_fraction
 
-    documents = document_fraction(cfg)[0] if cfg.data.document_mask else None
     material = {
         "trace": trace_key,
         "gpu": dataclasses.asdict(device),
         "planner": _planner_stamp(),
-        "documents": documents,
+        "documents": document_fraction(cfg)[0] if cfg.data.document_mask else None,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 def _read_cached(path: Path) -> PlanFigures | None:
-    """The figures of a cache entry; None when it is missing, unreadable or corrupt (a miss:
-    the run is traced again and the entry rewritten)."""
+    """A cache entry's figures; None (a miss: traced again, rewritten) when it is missing,
+    unreadable or corrupt."""
     try:
         return PlanFigures.from_json(json.loads(path.read_text(encoding="utf-8"))["figures"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -209,39 +183,21 @@ def _write_cached(path: Path, figures: PlanFigures, run: StudyRun, device: GPU) 
     atomic_write(path, json.dumps(entry, indent=1) + "\n", fsync=False)
 
 
-def _ranks(run: StudyRun) -> tuple[int, str]:
-    if run.slurm is None:
-        return 1, "1 x 1"
-    return run.slurm.ranks, f"{run.slurm.nodes} x {run.slurm.tasks_per_node}"
-
-
-# Traces at once, one process each, up to the machine's cores: a trace is single-threaded
-# Python dispatching fake tensors, so two cores trace the paper's 43 shapes in about half the
-# time. Below PARALLEL_FROM traces, starting the processes (an import of torch each) costs
-# more than it saves.
-PARALLEL_FROM = 3
-
-
-def _trace_one(config: dict[str, Any], device: GPU, ranks: int, name: str) -> PlanFigures:
+def _timed_trace(config: dict[str, Any], device: GPU, ranks: int, name: str):
     from pretrain.planner.search import plan_run
 
-    return PlanFigures.of(plan_run(from_dict(Config, config), device, ranks, name=name))
-
-
-def _timed_trace(config: dict[str, Any], device: GPU, ranks: int, name: str):
     t0 = time.perf_counter()
-    figures = _trace_one(config, device, ranks, name)
-    return figures, time.perf_counter() - t0
+    plan = plan_run(from_dict(Config, config), device, ranks, name=name)
+    return PlanFigures.of(plan), time.perf_counter() - t0
 
 
 def _trace_all(todo: dict[str, tuple[StudyRun, int]], device: GPU):
-    """(key, figures, seconds) of every trace in `todo`, as each ends: in processes of their
-    own where there are PARALLEL_FROM traces or more and more than one core, else here."""
+    """(key, figures, seconds) of every trace in `todo` as each ends: in processes of their
+    own from PARALLEL_FROM traces on, with more than one core; else here."""
     workers = min(len(todo), os.cpu_count() or 1)
     if len(todo) < PARALLEL_FROM or workers < 2:
         for key, (run, ranks) in todo.items():
-            figures, seconds = _timed_trace(run.config, device, ranks, run.name)
-            yield key, figures, seconds
+            yield key, *_timed_trace(run.config, device, ranks, run.name)
         return
     context = multiprocessing.get_context("spawn")  # a fork would copy this process's threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
@@ -262,34 +218,29 @@ def plan_rows(
     fresh: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per run of the study on `gpu` (h100, h200; default: the study's `gpu:`).
-
-    `cache`: reuse the traces kept in studies/NAME/plan_cache/ and keep the new ones there;
-    `fresh`: trace every run again (its traces still replace the cache's entries); `mfu`:
-    the planner's DEFAULT_MFU unless given."""
+    `cache`: reuse the traces in studies/NAME/plan_cache/ and keep the new ones there;
+    `fresh`: trace every run again (still replacing their entries); `mfu`: the planner's
+    DEFAULT_MFU unless given."""
     from pretrain.planner.gpus import DEFAULT_MFU, GiB, parse_gpu
 
     mfu = DEFAULT_MFU if mfu is None else mfu
     device = parse_gpu(gpu or study.gpu)
     cache_dir = study.out_dir / PLAN_CACHE_DIR
-    plans: dict[str, PlanFigures] = {}
-    from_cache: set[str] = set()
-    cached_runs = 0
-    unwritable: OSError | None = None
-    rows = []
-    keyed: list[tuple[StudyRun, int, str, str]] = []
+    plans: dict[str, PlanFigures] = {}  # key -> figures, from the cache or traced
     todo: dict[str, tuple[StudyRun, int]] = {}  # key -> the first run with it, its GPUs
+    keys = []
     for run in study.runs:
-        ranks, layout = _ranks(run)
-        cfg = from_dict(Config, run.config)
-        key = _cache_key(_trace_key(run, ranks), cfg, device)
+        ranks = run.slurm.ranks if run.slurm is not None else 1
+        key = _cache_key(_trace_key(run, ranks), from_dict(Config, run.config), device)
+        keys.append(key)
         if key not in plans and key not in todo:
             figures = _read_cached(cache_dir / f"{key}.json") if cache and not fresh else None
-            if figures is not None:
-                plans[key] = figures
-                from_cache.add(key)
-            else:
+            if figures is None:
                 todo[key] = (run, ranks)
-        keyed.append((run, ranks, layout, key))
+            else:
+                plans[key] = figures
+    cached_runs = sum(key in plans for key in keys)
+    unwritable: OSError | None = None
     for key, figures, seconds in _trace_all(todo, device):
         run = todo[key][0]
         plans[key] = figures
@@ -300,9 +251,10 @@ def plan_rows(
                 _write_cached(cache_dir / f"{key}.json", figures, run, device)
             except OSError as e:  # a read-only checkout still plans
                 unwritable = e
-    for run, ranks, layout, key in keyed:
-        cached_runs += key in from_cache
-        p = plans[key]
+    rows = []
+    for run, key in zip(study.runs, keys, strict=True):
+        p, slurm = plans[key], run.slurm
+        ranks = slurm.ranks if slurm is not None else 1
         wall_h = p.run_time(mfu) * p.recompute_ratio / 3600
         rows.append(
             {
@@ -313,7 +265,7 @@ def plan_rows(
                 "tokens": p.tokens_per_step * p.steps,
                 "steps": p.steps,
                 "tokens_per_step": p.tokens_per_step,
-                "layout": layout,
+                "layout": "1 x 1" if slurm is None else f"{slurm.nodes} x {slurm.tasks_per_node}",
                 "gpus": ranks,
                 "micro_batch": p.micro_batch,
                 "grad_accum": p.grad_accum,
@@ -324,7 +276,7 @@ def plan_rows(
                 "gpu_gib": round(device.gib, 2),
                 "wall_hours": wall_h,
                 "gpu_hours": wall_h * ranks,
-                "slurm_time": run.slurm.time if run.slurm is not None else None,
+                "slurm_time": slurm.time if slurm is not None else None,
             }
         )
     if log is not None and cached_runs:
@@ -370,22 +322,21 @@ PLAN_COLUMNS = (
 
 def format_plan_table(rows: list[dict[str, Any]]) -> str:
     """The plan as a text table with a total line (the runs one after another)."""
-    table = [PLAN_COLUMNS]
-    for r in rows:
-        table.append(
-            (
-                r["name"],
-                _count(r["params"]),
-                _count(r["tokens"]),
-                f"{r['steps']:,}",
-                r["layout"],
-                f"{r['micro_batch']} x {r['grad_accum']}",
-                f"{r['peak_gib']:.1f} GiB",
-                "yes" if r["fits"] else "NO",
-                _gpu_hours(r["gpu_hours"]),
-                _hours(r["wall_hours"]),
-            )
+    table = [
+        (
+            r["name"],
+            _count(r["params"]),
+            _count(r["tokens"]),
+            f"{r['steps']:,}",
+            r["layout"],
+            f"{r['micro_batch']} x {r['grad_accum']}",
+            f"{r['peak_gib']:.1f} GiB",
+            "yes" if r["fits"] else "NO",
+            _gpu_hours(r["gpu_hours"]),
+            _hours(r["wall_hours"]),
         )
+        for r in rows
+    ]
     misfits = sum(not r["fits"] for r in rows)
     table.append(
         (
@@ -402,14 +353,14 @@ def format_plan_table(rows: list[dict[str, Any]]) -> str:
         )
     )
     head = f"on {rows[0]['gpu']} ({rows[0]['gpu_gib']:.1f} GiB per GPU)" if rows else ""
-    return head + "\n" + text_table(PLAN_COLUMNS, table[1:])
+    return head + "\n" + text_table(PLAN_COLUMNS, table)
 
 
 __all__ = [
     "PLAN_CACHE_DIR",
     "PLAN_CACHE_VERSION",
-    "PLAN_COLUMNS",
     "PlanFigures",
     "format_plan_table",
     "plan_rows",
+    "trace_sources",
 ]

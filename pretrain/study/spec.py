@@ -1,13 +1,6 @@
-"""A study file (studies/NAME.yaml) -> its runs, every field checked before anything is written.
-
-The format is docs/studies.md's "The study file". In short: a base `config:`, `axes:` (one
-config key, several keys moved together, or a mapping of settings per value; short labels),
-the grid (`product:`, `zip:`, or several `grids:`), `seeds:`, `exclude:`, `rules:` that derive
-fields from others, the Slurm layout and the run-folder, config, script and job naming
-(`layout:`). `load_study` expands it into `StudyRun`s and refuses, in one line naming the
-study file, the field or axis and the fix (a `StudyError`), whatever would make a run that the
-trainer refuses, two runs that share a name, config or run folder, or no run at all.
-"""
+"""A study file (studies/NAME.yaml, docs/studies.md "The study file") -> its runs, every field
+checked before anything is written: whatever would make a run the trainer refuses, two runs
+sharing a name, config or run folder, or no run at all is a `StudyError` in one line."""
 
 from __future__ import annotations
 
@@ -37,11 +30,10 @@ from pretrain.study.fields import (
     GRID_FIELDS,
     LABEL,
     SCRIPT_HEADER,
-    SEED_NAME,
     STUDY_GENERATED,
     Axis,
+    Entry,
     Grid,
-    Rule,
     StudyError,
     Where,
     checked_key,
@@ -58,10 +50,10 @@ from pretrain.study.file import Seeds, StudyFile, read_study_file
 from pretrain.study.runs import Headers, Study, StudyRun, as_array, relative_path, written_config
 from pretrain.study.slurm import Slurm, parse_slurm, planned_slurm, slurm_options
 
-# ----------------------------------------------------------------------------- loading
 
-
-def _read(path: Path) -> dict[str, Any]:
+def load_study(path: str | Path) -> Study:
+    """Read, expand and check a study file; raises StudyError (one line) for anything wrong."""
+    path = Path(path)
     if not path.is_file():
         raise StudyError(
             f"{shown_path(path)}: no such study file; check the path (studies/NAME.yaml)"
@@ -74,19 +66,11 @@ def _read(path: Path) -> dict[str, Any]:
         raise StudyError(
             f"{shown_path(path)}: the top level must be a mapping of fields; see docs/studies.md"
         )
-    return data
-
-
-def load_study(path: str | Path) -> Study:
-    """Read, expand and check a study file; raises StudyError (one line) for anything wrong."""
-    path = Path(path)
-    data = _read(path)
-    w = Where(path)
     try:
         file = read_study_file(data)
     except ValueError as e:
         raise StudyError(f"{shown_path(path)}: {e}") from None
-    return _Loader(w, path.resolve(), data, file).study()
+    return _Loader(Where(path), path.resolve(), data, file).study()
 
 
 class _Loader:
@@ -95,80 +79,58 @@ class _Loader:
     def __init__(self, w: Where, path: Path, data: dict[str, Any], file: StudyFile):
         self.w, self.path, self.data, self.file = w, path, data, file
         self.repo = path.parent.parent
-        self.name = str(data.get("name") or path.stem)
+        self.name = file.name or path.stem
         if not LABEL.match(self.name):
             raise w.error(
                 "name", f"{self.name!r} is not a file name", "use letters, digits, _ and -"
             )
-        self.description = str(data.get("description") or "")
-        self.axes = self._axes()
-        self.base = self._base_config()
-        self.rules = parse_rules(w, data.get("rules"))
-        self.seeds, self.seed_key = self._seeds()
-        self.layout = self._layout()
-        self.gpu = file.gpu
-        self.slurm_spec, self.array, self.max_running = slurm_options(w, data.get("slurm"))
-        self.plan = self._plan_file()
-        self.exclude = parse_exclude(w, "exclude", data.get("exclude"), self.axes)
-        self.grids = self._grids()
-        self.headers = self._headers()
-        self.names: dict[str, str] = {}
-
-    # -- fields
-
-    def _axes(self) -> dict[str, Axis]:
-        spec = self.data.get("axes") or {}
-        if not isinstance(spec, dict):
-            raise self.w.error(
-                "axes", f"{spec!r} is not a mapping", "write AXIS: {key: ..., values: [...]}"
-            )
-        axes = {str(k): parse_axis(self.w, str(k), v) for k, v in spec.items()}
+        self.axes = {k: parse_axis(w, k, v) for k, v in (file.axes or {}).items()}
         for reserved in ("seed", "name", "stem", "study", "description"):
-            if reserved in axes:
-                raise self.w.error(
+            if reserved in self.axes:
+                raise w.error(
                     f"axis {reserved}",
                     "the name is taken by the run's own fields",
                     "rename the axis",
                 )
-        return axes
+        self.base = self._base_config()
+        self.rules = parse_rules(w, file.rules)
+        self.seeds, self.seed_key = self._seeds()
+        self.layout = self._layout()
+        self.slurm_spec, self.array, self.max_running = slurm_options(w, data.get("slurm"))
+        self.plan = self._plan_file()
+        self.exclude = parse_exclude(w, "exclude", file.exclude, self.axes)
+        self.grids = self._grids()
+        self.names: dict[str, str] = {}  # run name -> its group, as runs are made
+
+    # -- fields
 
     def _base_config(self) -> dict[str, Any]:
-        spec = self.data.get("config")
+        spec = self.file.config
         if spec is None:
             raise self.w.error("config", "missing", "give the base config: a path or a mapping")
         if isinstance(spec, str):
-            base = self.repo / spec
-            if not base.is_file():
+            if not (self.repo / spec).is_file():
                 raise self.w.error(
                     "config",
                     f"{spec} does not exist",
                     "give a path relative to the repository root",
                 )
             return {"inherit": spec}
-        if not isinstance(spec, dict):
-            raise self.w.error(
-                "config", f"{spec!r} is neither a path nor a mapping", "see docs/studies.md"
-            )
         base = copy.deepcopy(spec)
         self._merged(base, "config")  # its inherited files exist and read, as the runs' will
         return base
 
     def _seeds(self) -> tuple[tuple[int, ...], str]:
-        spec = self.file.seeds
-        if isinstance(spec, Seeds):
-            return self._seed_values(spec.values), checked_key(
-                self.w, "seeds key", spec.key_, "fix the key"
-            )
-        return self._seed_values(spec), "train.seed"
-
-    def _seed_values(self, seeds: list[int] | None) -> tuple[int, ...]:
+        seeds, key = self.file.seeds, "train.seed"
+        if isinstance(seeds, Seeds):
+            seeds, key = seeds.values, checked_key(self.w, "seeds key", seeds.key_, "fix the key")
         if seeds is None:
-            return ()
+            return (), key
         if not seeds:
             raise self.w.error("seeds", "[] is not a list of integers", "e.g. seeds: [1, 2, 3]")
         if len(set(seeds)) != len(seeds):
             raise self.w.error("seeds", f"{seeds} repeats a seed", "list each seed once")
-        return tuple(seeds)
+        return tuple(seeds), key
 
     def _layout(self) -> dict[str, str]:
         out = {
@@ -185,39 +147,33 @@ class _Loader:
         return out
 
     def _plan_file(self) -> dict[str, dict[str, Any]]:
-        spec = self.data.get("plan_file")
+        spec = self.file.plan_file
         if spec is None:
             return {}
-        p = self.repo / str(spec)
-        if not p.is_file():
+        if not (self.repo / spec).is_file():
             raise self.w.error(
                 "plan_file",
                 f"{spec} does not exist",
                 "write it with `pretrain-plan --paper --write`, or drop plan_file",
             )
-        return {r["name"]: r for r in json.loads(p.read_text())["runs"]}
+        return {r["name"]: r for r in json.loads((self.repo / spec).read_text())["runs"]}
 
     def _grids(self) -> tuple[Grid, ...]:
-        data = self.data
-        top = {k: data[k] for k in GRID_FIELDS if k in data and k not in ("exclude", "slurm")}
-        spec = data.get("grids")
-        if spec is None:
-            return (self._grid("grid", top),)
-        if not isinstance(spec, list) or not spec:
+        top = {k: self.data[k] for k in GRID_FIELDS[:4] if k in self.data}  # not exclude, slurm
+        grids = self.file.grids
+        if grids is None:
+            return (self._grid("grid", {}, top),)
+        if not grids:
             raise self.w.error(
-                "grids", f"{spec!r} is not a list of grids", "give a list, or product: at the top"
+                "grids", "[] is not a list of grids", "give a list, or product: at the top"
             )
-        if "product" in data or "zip" in data:
+        if "product" in top or "zip" in top:
             raise self.w.error("product", "given beside grids:", "put it inside one of the grids")
-        out = []
-        for i, g in enumerate(spec):
-            if not isinstance(g, dict):
-                raise self.w.error(f"grids[{i}]", f"{g!r} is not a mapping", "see docs/studies.md")
-            refuse_unknown_fields(self.w, f"grids[{i}]", g, GRID_FIELDS)
-            out.append(self._grid(f"grids[{i}]", {**top, **g}))
-        return tuple(out)
+        return tuple(self._grid(f"grids[{i}]", g, top) for i, g in enumerate(grids))
 
-    def _grid(self, where: str, g: dict[str, Any]) -> Grid:
+    def _grid(self, where: str, own: dict[str, Any], top: dict[str, Any]) -> Grid:
+        refuse_unknown_fields(self.w, where, own, GRID_FIELDS)
+        g = {**top, **own}
         if "product" in g and "zip" in g:
             raise self.w.error(where, "both product and zip", "write product: [..., {zip: [...]}]")
         if "zip" in g:
@@ -225,7 +181,7 @@ class _Loader:
         elif "product" in g:
             entries = parse_grid_entries(self.w, f"{where} product", g["product"], self.axes)
         else:
-            entries = [((a.name, tuple(v.label for v in a.values)),) for a in self.axes.values()]
+            entries = [((a.name, a.labels),) for a in self.axes.values()]
         default_name = "_".join(f"{a}{{{a}}}" for e in entries for a, _ in e) or self.name
         slurm = g.get("slurm") or {}
         if slurm and self.slurm_spec is None:
@@ -238,76 +194,68 @@ class _Loader:
             )
         return Grid(
             run_name=str(g.get("run_name", default_name)),
-            run_description=str(g.get("run_description", self.description or "{name}")),
+            run_description=str(g.get("run_description", self.file.description or "{name}")),
             entries=tuple(entries),
             slurm=slurm,
             exclude=parse_exclude(self.w, f"{where} exclude", g.get("exclude"), self.axes),
             where=where,
         )
 
-    def _headers(self) -> Headers:
-        spec = self.file.headers
-        study_file = relative_path(self.path, self.repo)
-        return Headers(
-            config=spec.config or CONFIG_HEADER,
-            script=spec.script or SCRIPT_HEADER,
-            generated=spec.generated or STUDY_GENERATED.replace("{study_file}", study_file),
-        )
-
     # -- expansion
 
     def study(self) -> Study:
         runs: list[StudyRun] = []
-        used: set[str] = set()
+        top = [(f"exclude[{i}]", ex) for i, ex in enumerate(self.exclude)]
+        unused = dict(top)  # exclusions that matched no run yet, in the file's order
         for grid in self.grids:
-            excludes = [(f"exclude[{i}]", ex) for i, ex in enumerate(self.exclude)]
-            excludes += [(f"{grid.where} exclude[{i}]", ex) for i, ex in enumerate(grid.exclude)]
-            for combo in itertools.product(*[_entry_rows(e) for e in grid.entries]):
+            excludes = top + [
+                (f"{grid.where} exclude[{i}]", ex) for i, ex in enumerate(grid.exclude)
+            ]
+            unused.update(excludes[len(top) :])
+            for combo in itertools.product(*map(_entry_rows, grid.entries)):
                 picked = dict(pair for row in combo for pair in row)
-                hit = {label for label, ex in excludes if _matches(ex, picked)}
-                if hit:
-                    used |= hit
-                    continue
-                for seed in self.seeds or (None,):
-                    runs.append(self._run(grid, picked, seed))
-        every = [f"exclude[{i}]" for i in range(len(self.exclude))]
-        every += [f"{g.where} exclude[{i}]" for g in self.grids for i in range(len(g.exclude))]
-        for label in every:
-            if label not in used:
-                raise self.w.error(label, "matches no run", "fix its labels or remove it")
+                hit = [label for label, ex in excludes if _matches(ex, picked)]
+                for label in hit:
+                    unused.pop(label, None)
+                if not hit:
+                    runs += [self._run(grid, picked, seed) for seed in self.seeds or (None,)]
+        if unused:
+            raise self.w.error(next(iter(unused)), "matches no run", "fix its labels or remove it")
         if not runs:
             raise self.w.error(
                 "grid", "no runs: every combination is excluded", "loosen exclude: or add values"
             )
         self._check_unique(runs)
-        baseline = self._baseline(runs)
-        spec = self.slurm_spec
-        slurm = parse_slurm(self.w, dict(spec), "slurm") if spec is not None else None
-        array_script = None
-        if slurm is not None:
-            array_script = render_template(
-                self.w, "layout array_script", self.layout["array_script"], {"study": self.name}
-            )
+        slurm = None if self.slurm_spec is None else parse_slurm(self.w, self.slurm_spec, "slurm")
+        study_file = relative_path(self.path, self.repo)
+        headers = self.file.headers
         study = Study(
             name=self.name,
             path=self.path,
             runs=tuple(runs),
-            baseline=baseline,
+            baseline=self._baseline(runs),
             out_dir=self.repo / "studies" / self.name,
             slurm=slurm,
-            description=self.description,
+            description=self.file.description,
             repo=self.repo,
-            gpu=self.gpu,
+            gpu=self.file.gpu,
             array=self.array,
             max_running=self.max_running,
-            array_script=array_script,
-            headers=self.headers,
-            axes={a.name: tuple(v.label for v in a.values) for a in self.axes.values()},
+            array_script=None
+            if slurm is None
+            else self._render("layout array_script", "array_script", {"study": self.name}),
+            headers=Headers(
+                config=headers.config or CONFIG_HEADER,
+                script=headers.script or SCRIPT_HEADER,
+                generated=headers.generated or STUDY_GENERATED.format(study_file=study_file),
+            ),
+            axes={a.name: a.labels for a in self.axes.values()},
             seeds=self.seeds,
         )
-        if self.array:
-            study = as_array(study)
-        return study
+        return as_array(study) if self.array else study
+
+    def _render(self, where: str, layout: str, fields: dict[str, str]) -> str:
+        return render_template(self.w, where, self.layout[layout], fields)
 
     def _run(self, grid: Grid, picked: dict[str, str], seed: int | None) -> StudyRun:
         w = self.w
@@ -323,33 +271,31 @@ class _Loader:
                 f"{stem!r} is not a file name",
                 "use letters, digits, _, - and .",
             )
-        name = (
-            stem
-            if seed is None
-            else render_template(w, "seeds", SEED_NAME, {"stem": stem, "seed": str(seed)})
-        )
+        name = stem if seed is None else f"{stem}_s{seed}"
         where = f"run {name}"
-        group = ",".join(f"{a}={lab}" for a, lab in labels.items()) or "(no axes)"
+        group = ",".join(f"{a}={lab}" for a, lab in labels.items())
         if name in self.names:  # found before any config is built: the naming is wrong
             raise w.error(
                 f"{grid.where} run_name",
-                f"the runs {self.names[name]} and {group} are both named {name}",
+                f"the runs {self.names[name]} and {group or '(no axes)'} are both named {name}",
                 "put every axis that varies in run_name",
             )
-        self.names[name] = group
+        self.names[name] = group or "(no axes)"
         names = {**values, "name": name, "stem": stem, "seed": "" if seed is None else str(seed)}
+        stem_names = {**names, "name": stem, "seed": ""}
         description = render_template(
             w, f"{grid.where} run_description", grid.run_description, names
         )
-        config_path = render_template(w, "layout config", self.layout["config"], names)
-        shared = seed is not None and config_path == render_template(
-            w, "layout config", self.layout["config"], {**names, "name": stem, "seed": ""}
+        config_path = self._render("layout config", "config", names)
+        # A config path without {name} or {seed}: the group's seeds share one file.
+        shared = seed is not None and config_path == self._render(
+            "layout config", "config", stem_names
         )
-        run_dir = render_template(w, "layout run_dir", self.layout["run_dir"], names)
-        job_name = render_template(w, "layout job_name", self.layout["job_name"], names)
+        run_dir = self._render("layout run_dir", "run_dir", names)
+        job_name = self._render("layout job_name", "job_name", names)
 
         compact = copy.deepcopy(self.base)
-        source: dict[str, str] = {}
+        source: dict[str, str] = {}  # config key -> what set it, for the refusals
         for a, lab in labels.items():
             for key, value in self.axes[a].value(lab).settings.items():  # type: ignore[union-attr]
                 if key in source:
@@ -364,13 +310,9 @@ class _Loader:
             set_key(compact, self.seed_key, seed)
         self._apply_rules(compact, source, where)
         overrides: tuple[str, ...] = ()
-        if shared:  # the file is the group's: its run folder without the seed, its own seed
+        if shared:  # the file holds the group's run folder; each run its own seed and folder
             set_key(
-                compact,
-                "logging.run_dir",
-                render_template(
-                    w, "layout run_dir", self.layout["run_dir"], {**names, "name": stem, "seed": ""}
-                ),
+                compact, "logging.run_dir", self._render("layout run_dir", "run_dir", stem_names)
             )
             overrides = (f"{self.seed_key}={seed}", f"logging.run_dir={run_dir}")
         else:
@@ -382,19 +324,17 @@ class _Loader:
         slurm = None
         if self.slurm_spec is not None:
             slurm = parse_slurm(w, {**self.slurm_spec, **grid.slurm}, f"{grid.where} slurm")
-            slurm = planned_slurm(w, slurm, self.plan.get(stem), self.gpu, where)
-        resolved = self._resolve(compact, list(overrides), slurm, where, source)
-        script_path = None
-        if slurm is not None and not self.array:
-            script_path = render_template(w, "layout script", self.layout["script"], names)
+            slurm = planned_slurm(w, slurm, self.plan.get(stem), self.file.gpu, where)
         return StudyRun(
             name=name,
             labels=labels,
             seed=seed,
-            group=",".join(f"{a}={lab}" for a, lab in labels.items()),
-            config=resolved,
+            group=group,
+            config=self._resolve(compact, list(overrides), slurm, where, source),
             config_path=config_path,
-            script_path=script_path,
+            script_path=self._render("layout script", "script", names)
+            if slurm is not None and not self.array
+            else None,
             run_dir=run_dir,
             job_name=job_name,
             description=description,
@@ -410,30 +350,25 @@ class _Loader:
         merged = self._merged(compact, where)
         defaults = to_dict(Config())
         for rule in self.rules:
-            # What a run's axis value names beats what a rule derives.
-            if rule.key in source:
+            if rule.key in source:  # what a run's axis value names beats what a rule derives
                 continue
+            here = f"{where} rule {rule.key}"
 
-            def lookup(key: str, rule: Rule = rule) -> Any:
+            def lookup(key: str, here: str = here) -> Any:
                 found, value = get_key(merged, key)
                 if not found:
                     found, value = get_key(defaults, key)
                 if not found:
-                    raise self.w.error(
-                        f"{where} rule {rule.key}",
-                        f"{key} is not set",
-                        "set it in config: or an axis",
-                    )
+                    raise self.w.error(here, f"{key} is not set", "set it in config: or an axis")
                 return value
 
             if rule.copy_key is not None:
                 value = lookup(rule.copy_key)
             elif rule.lookup_key is not None:
-                have = lookup(rule.lookup_key)
-                table = rule.table or {}
+                have, table = lookup(rule.lookup_key), rule.table or {}
                 if have not in table:
                     raise self.w.error(
-                        f"{where} rule {rule.key}",
+                        here,
                         f"{rule.lookup_key}={have!r} is not in its table ({', '.join(map(str, table))})",
                         "add it to the table",
                     )
@@ -445,8 +380,8 @@ class _Loader:
             source[rule.key] = f"rule {rule.key}"
 
     def _merged(self, compact: dict[str, Any], where: str) -> dict[str, Any]:
-        """The config file's content with its `inherit:` read (paths from the repository),
-        by the run loader's own rule (pretrain/config.py resolve_inherit)."""
+        """The config with its `inherit:` read (paths from the repository), by the run loader's
+        own rule."""
         try:
             return resolve_inherit(compact, self.repo)
         except ConfigError as e:
@@ -472,11 +407,10 @@ class _Loader:
             # The keys the refusal names, by what set them (an axis value, a rule, the layout).
             named = sorted((text.find(k), s) for k, s in source.items() if k in text)
             culprits = list(dict.fromkeys(s for _, s in named)) or ["config"]
+            what = " or ".join(c.split(" (")[0] for c in culprits)
             layout = ""
             if "world size" in text:
                 layout = f" on {ranks} rank{'s' * (ranks != 1)} of the Slurm layout"
-            what = " or ".join(c.split(" (")[0] for c in culprits)
-            if layout:
                 what += " or the Slurm layout (nodes x GPUs)"
             raise self.w.error(
                 f"{where} ({', '.join(culprits)}){layout}", text, f"fix the {what}"
@@ -484,26 +418,25 @@ class _Loader:
         return to_dict(cfg)
 
     def _check_unique(self, runs: list[StudyRun]) -> None:
-        for attr, what, fix in (
-            ("name", "name", "put every axis that varies in run_name"),
-            ("run_dir", "run folder", "put {name} in layout run_dir"),
-            ("job_name", "job name", "put {name} in layout job_name"),
-            ("script_path", "job script", "put {name} in layout script"),
+        """No two runs share a folder, job or script (names are checked as runs are made),
+        nor two groups a config."""
+        for attr, what in (
+            ("run_dir", "run folder"),
+            ("job_name", "job name"),
+            ("script_path", "job script"),
         ):
             seen: dict[Any, str] = {}
             for r in runs:
                 v = getattr(r, attr)
-                if v is None:
-                    continue
-                if v in seen:
+                if v is not None and v in seen:
                     raise self.w.error(
                         f"run {r.name}",
                         f"has the same {what} {v} as run {seen[v]}",
-                        fix,
+                        f"put {{name}} in layout {attr.removesuffix('_path')}",
                     )
                 seen[v] = r.name
         owner: dict[str, str] = {}
-        for r in runs:  # a shared config is one group's, never two groups'
+        for r in runs:
             if owner.setdefault(r.config_path, r.group) != r.group:
                 raise self.w.error(
                     f"run {r.name}",
@@ -512,37 +445,33 @@ class _Loader:
                 )
 
     def _baseline(self, runs: list[StudyRun]) -> dict[str, str] | None:
-        spec = self.data.get("baseline")
+        spec = self.file.baseline
         if spec is None:
             return None
-        if not isinstance(spec, dict) or not spec:
+        if not spec:
             raise self.w.error(
-                "baseline", f"{spec!r} is not a mapping of labels", "e.g. baseline: {theta: 10000}"
+                "baseline", "{} is not a mapping of labels", "e.g. baseline: {theta: 10000}"
             )
         out = {}
         for a, lab in spec.items():
-            axis = self.axes.get(str(a))
+            axis: Axis | None = self.axes.get(a)
             lab = label_of(lab) or str(lab)
             if axis is None or axis.value(lab) is None:
-                known = self.axes if axis is None else [v.label for v in axis.values]
                 raise self.w.error(
                     f"baseline {a}",
                     f"{a}={lab} is not a value of the study"
-                    + did_you_mean(lab if axis else str(a), known),
+                    + did_you_mean(lab if axis else a, axis.labels if axis else self.axes),
                     "name an axis and one of its labels",
                 )
-            out[str(a)] = lab
+            out[a] = lab
         if not any(all(r.labels.get(a) == lab for a, lab in out.items()) for r in runs):
             raise self.w.error("baseline", f"no run has {out}", "choose labels some run has")
         return out
 
 
-def _entry_rows(
-    entry: tuple[tuple[str, tuple[str, ...]], ...],
-) -> list[tuple[tuple[str, str], ...]]:
+def _entry_rows(entry: Entry) -> list[tuple[tuple[str, str], ...]]:
     """An entry's rows: one value of each of its (zipped) axes, in step."""
-    n = len(entry[0][1])
-    return [tuple((axis, labels[i]) for axis, labels in entry) for i in range(n)]
+    return [tuple((axis, labels[i]) for axis, labels in entry) for i in range(len(entry[0][1]))]
 
 
 def _matches(rule: dict[str, tuple[str, ...]], picked: dict[str, str]) -> bool:

@@ -11,7 +11,7 @@ import yaml
 
 from pretrain.run_layout import atomic_write
 from pretrain.study.fields import Where, render_template
-from pretrain.study.runs import Headers, Study, StudyRun, array_header, as_array
+from pretrain.study.runs import Study, StudyRun, array_header, as_array, relative_path
 
 LAUNCH = "slurm/launch.sh"
 
@@ -26,68 +26,49 @@ _Dumper.add_representer(
 )
 
 
-def _headers(study: Study) -> Headers:
+def _header(study: Study, run: StudyRun, which: str, name: str) -> str:
+    """The comment lines of `headers.config` or `headers.script`, newline-terminated."""
     assert study.headers is not None  # load_study always sets them
-    return study.headers
-
-
-def _fields(study: Study, run: StudyRun, name: str) -> dict[str, str]:
-    return {
+    fields = {
         "name": name,
         "stem": run.stem or run.name,
         "description": run.description,
         "config": run.config_path,
         "script": run.script_path or study.array_script or "",
         "study": study.name,
-        "study_file": _study_file(study),
-        "generated": _headers(study).generated,
+        "study_file": relative_path(study.path, study.repo),
+        "generated": study.headers.generated,
     }
+    template = getattr(study.headers, which)
+    text = render_template(Where(study.path), f"headers {which}", template, fields)
+    return text if not text or text.endswith("\n") else text + "\n"
 
 
-def _study_file(study: Study) -> str:
-    try:
-        return study.path.relative_to(study.repo).as_posix()
-    except ValueError:
-        return str(study.path)
+def _launch_args(run: StudyRun) -> str:
+    """The run's config and `--set`s, as its launch passes them (shell-quoted)."""
+    args = [run.config_path]
+    for o in run.overrides:
+        args += ["--set", o]
+    return " ".join(map(shlex.quote, args))
 
 
 def render_run_config(study: Study, run: StudyRun) -> str:
     """The config file of a run: the header's comment lines, then the YAML."""
     name = run.stem if run.overrides else run.name  # a shared file is the group's
-    header = render_template(
-        Where(study.path), "headers config", _headers(study).config, _fields(study, run, name)
-    )
-    return _comment_block(header) + yaml.dump(
-        run.config_file, Dumper=_Dumper, sort_keys=False, width=100
-    )
-
-
-def _comment_block(text: str) -> str:
-    if not text:
-        return ""
-    return text if text.endswith("\n") else text + "\n"
-
-
-def launch_line(run: StudyRun) -> str:
-    args = [run.config_path]
-    for o in run.overrides:
-        args += ["--set", o]
-    return " ".join([f"exec {LAUNCH}", *map(shlex.quote, args), '"$@"'])
+    text = yaml.dump(run.config_file, Dumper=_Dumper, sort_keys=False, width=100)
+    return _header(study, run, "config", name) + text
 
 
 def render_run_script(study: Study, run: StudyRun) -> str:
     """The sbatch script of one run: its header, the #SBATCH lines, the shared launcher."""
     assert run.slurm is not None
-    header = render_template(
-        Where(study.path), "headers script", _headers(study).script, _fields(study, run, run.name)
-    )
     return "\n".join(
         [
             "#!/bin/bash",
-            *_comment_block(header).splitlines(),
+            *_header(study, run, "script", run.name).splitlines(),
             *run.slurm.lines(run.job_name),
             "",
-            launch_line(run),
+            f'exec {LAUNCH} {_launch_args(run)} "$@"',
             "",
         ]
     )
@@ -95,26 +76,22 @@ def render_run_script(study: Study, run: StudyRun) -> str:
 
 def render_array_script(study: Study) -> str:
     """One sbatch script for every run: task i runs the study's run i (in `plan`'s order)."""
-    assert study.array_script is not None
-    slurm = array_header(study)
+    assert study.array_script is not None and study.headers is not None
     n = len(study.runs)
     cap = f"%{study.max_running}" if study.max_running else ""
     lines = [
         "#!/bin/bash",
         f"# {study.name}: {study.description or 'a study'}; a Slurm job array of {n} runs.",
-        f"# {_headers(study).generated}",
+        f"# {study.headers.generated}",
         f"# Submit from the repository root: sbatch {study.array_script} [--set key=value ...]",
-        f"# Task i trains run i of `python tools/study.py list {_study_file(study)}` (the case "
-        "below names each).",
-        *slurm.lines(study.name, array=f"0-{n - 1}{cap}"),
+        "# Task i trains run i of `python tools/study.py list "
+        f"{relative_path(study.path, study.repo)}` (the case below names each).",
+        *array_header(study).lines(study.name, array=f"0-{n - 1}{cap}"),
         "",
         'case "${SLURM_ARRAY_TASK_ID:?submit with sbatch: this script is a job array}" in',
     ]
     for i, run in enumerate(study.runs):
-        args = [run.config_path]
-        for o in run.overrides:
-            args += ["--set", o]
-        lines.append(f'  {i}) set -- {" ".join(map(shlex.quote, args))} "$@" ;;  # {run.name}')
+        lines.append(f'  {i}) set -- {_launch_args(run)} "$@" ;;  # {run.name}')
     lines += [
         '  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
         "esac",
@@ -140,24 +117,20 @@ def study_files(
     return out
 
 
-def write_files(repo: Path, files: dict[str, str]) -> list[str]:
-    """Write the files whose text differs (atomically; scripts executable); the paths written."""
+def write_study(
+    study: Study, repo: Path, array: bool = False, max_running: int | None = None
+) -> list[str]:
+    """Write the study's files whose text differs under `repo` (atomically; scripts
+    executable); the paths written."""
     changed = []
-    for rel, text in files.items():
-        path = repo / rel
+    for rel, text in study_files(study, array, max_running).items():
+        path = Path(repo) / rel
         if path.is_file() and path.read_text() == text:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, text, fsync=False, mode=0o755 if rel.endswith(".sh") else 0o644)
         changed.append(rel)
     return changed
-
-
-def write_study(
-    study: Study, repo: Path, array: bool = False, max_running: int | None = None
-) -> list[str]:
-    """Write the study's configs and job scripts under `repo`; the paths that changed."""
-    return write_files(Path(repo), study_files(study, array, max_running))
 
 
 def stale_files(
@@ -167,11 +140,11 @@ def stale_files(
     array: bool = False,
     max_running: int | None = None,
 ) -> list[str]:
-    """Files of the studies that are missing or differ from what they write (`write`'s
-    `array` and `max_running`), then files in `folders` (and the folders the studies write
-    to) that carry one of the studies' `generated` lines but that no run writes any more (a
-    renamed or removed run; the per-run scripts and the job array, whichever `array` leaves
-    out, still count as written). `study write --check` lists them."""
+    """What `study write --check` lists: the studies' files that are missing or differ from
+    what `write` (with `array`, `max_running`) writes, then files in `folders` and the
+    studies' own folders that carry a study's `generated` line but that no run writes any
+    more (the per-run scripts and the job array, whichever `array` leaves out, still count
+    as written)."""
     want: dict[str, str] = {}
     known: set[str] = set()  # every path a study writes, one script per run or as an array
     for study in studies:
@@ -185,9 +158,8 @@ def stale_files(
     bad = [
         p for p, text in want.items() if not (repo / p).is_file() or (repo / p).read_text() != text
     ]
-    marks = {_headers(s).generated for s in studies}
-    dirs = {str(Path(p).parent) for p in want} | set(folders)
-    for d in sorted(dirs):
+    marks = {s.headers.generated for s in studies if s.headers is not None}
+    for d in sorted({str(Path(p).parent) for p in want} | set(folders)):
         for path in sorted((repo / d).glob("*")):
             rel = path.relative_to(repo).as_posix()
             if not path.is_file() or path.suffix not in (".yaml", ".sh") or rel in known:
@@ -198,12 +170,10 @@ def stale_files(
 
 
 __all__ = [
-    "launch_line",
     "render_array_script",
     "render_run_config",
     "render_run_script",
     "stale_files",
     "study_files",
-    "write_files",
     "write_study",
 ]
