@@ -125,7 +125,8 @@ def test_check_passes_for_every_preset():
     res = run_tool("--check", "--fractions", "0,10%")
     assert res.returncode == 0, res.stdout + res.stderr
     presets = sorted(p.stem for p in (REPO / "configs" / "models").glob("*.yaml"))
-    body = res.stdout.splitlines()
+    rope_part, kv_part = res.stdout.split("\n\n")
+    body = rope_part.splitlines()
     for name in presets:
         assert any(line.split()[0] == name and line.split()[-1] == "ok" for line in body[2:-1])
     assert "MISMATCH" not in res.stdout
@@ -146,6 +147,10 @@ def test_check_passes_for_every_preset():
     )
     # dims, max_seq_len, formula, then the four builds' buffer bytes; all fp32
     assert row[2:9] == ["26", "2048", *[str(2 * 2048 * 26 * 4)] * 5] and row[9] == "float32"
+    # The K+V formula against the bytes our KVCache allocates, for every preset.
+    kv = {line.split()[0]: line.split()[1:] for line in kv_part.splitlines()[2:]}
+    assert sorted(kv) == presets and all(cells[-1] == "ok" for cells in kv.values())
+    assert kv["llama1b"] == ["2048", *[str(2 * 16 * 8 * 64 * 2048 * 2)] * 2, "ok"]
 
 
 def _small_cfg(**kw):
@@ -197,3 +202,145 @@ def test_check_counts_storage_not_views():
     model.rope.cos = full[:, : cfg.rope_dims]
     res = check_model(model, "small", "cpu")
     assert not res.ok and res.measured_bytes > res.expected_bytes
+
+
+# ----------------------------------------------------------------------------- --kv
+
+
+def _kv_cfg(**kw):
+    from pretrain.config import ModelConfig
+
+    base = dict(vocab_size=64, pad_vocab_to_multiple=1, d_ff=32, max_seq_len=128)
+    return ModelConfig(**{**base, **kw})
+
+
+def test_kv_formulas_against_independent_arithmetic():
+    from pretrain.analysis.kv_cache import model_kv, position_variants
+    from pretrain.analysis.presets import load_preset
+
+    # Llama-3.2-1B: 16 layers x 8 KV heads x head_dim 64 x (K, V) x 2 bytes = 32 KiB a token.
+    llama = {
+        pos: model_kv(c, "llama1b", pos) for pos, c in position_variants(load_preset("llama1b"))
+    }
+    assert list(llama) == ["100% RoPE", "1/4 of pairs", "1/8 of pairs", "10% RoPE", "NoPE"]
+    for m in llama.values():
+        assert m.kv_bytes(1, 2) == 32 * 1024 and m.kv_bytes(4096, 2) == 128 * 1024**2
+    # The latent: per layer 8 heads x d_kv + 8 heads x rotary dims, x 16 layers x 2 bytes.
+    for pos, r in [("100% RoPE", 64), ("1/4 of pairs", 16), ("1/8 of pairs", 8), ("NoPE", 0)]:
+        assert llama[pos].rotary_dims == [r] * 16 * 8
+        assert llama[pos].free_key_dims == [64 - r] * 16 * 8
+        assert llama[pos].latent_bytes(1, 16, 2) == (8 * 16 + 8 * r) * 16 * 2
+    # 10% of 64 dims is 6 (the paper's Appendix A); its cos/sin table 2 x T x 6 x 4 bytes.
+    assert llama["10% RoPE"].table_bytes(1000) == 2 * 1000 * 6 * 4
+    assert llama["1/8 of pairs"].table_bytes(1000) == 2 * 1000 * 8 * 4
+    assert llama["NoPE"].table_bytes(1000) == 0
+
+    # MHA2MLA's SmolLM-135M (30 layers, 9 heads, 3 KV heads, head_dim 64) at its
+    # rope_dim_for_mla = 8 and low_rank d_kv = 8, 16, 32: its paper's -87.5%, -81.25%, -68.75%.
+    smol = _kv_cfg(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3)
+    eighth = dict(position_variants(smol))["1/8 of pairs"]
+    m = model_kv(eighth, "smollm135m", "1/8")
+    for d_kv, saved in [(8, 0.875), (16, 0.8125), (32, 0.6875)]:
+        assert 1 - Fraction(m.latent_bytes(1, d_kv, 2), m.kv_bytes(1, 2)) == Fraction(saved)
+
+    # A latent wider than what it replaces replaces nothing: at most K+V.
+    full = model_kv(smol, "smol", "full")
+    assert full.latent_bytes(7, 10_000, 2) == full.kv_bytes(7, 2)
+
+    # A sliding layer keeps its last W - 1 tokens: layers 0, 1 slide (W = 5), layer 2 is full.
+    slide = model_kv(
+        _kv_cfg(n_layers=3, d_model=32, n_heads=2, sliding_window=5, sliding_window_pattern=3),
+        "s",
+        "s",
+    )
+    assert slide.kv_bytes(100, 4) == (2 * 4 + 100) * 2 * 2 * 16 * 4
+    assert slide.kv_bytes(3, 4) == 3 * 3 * 2 * 2 * 16 * 4
+
+
+def test_kv_formula_equals_transformers_dynamic_cache():
+    # The bytes transformers' DynamicCache holds after one forward of T tokens, full
+    # attention (Llama) and sliding (Mistral: W - 1 tokens kept), against the formula.
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    from pretrain.analysis.kv_cache import model_kv
+
+    T = 10
+    shape = dict(vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=3)
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
+    for hf, window in [
+        (LlamaForCausalLM(LlamaConfig(**shape, **heads)), None),
+        (MistralForCausalLM(MistralConfig(**shape, **heads, sliding_window=4)), 4),
+    ]:
+        model = hf.to(torch.bfloat16).eval()
+        with torch.no_grad():
+            out = model(torch.randint(0, 64, (1, T)), use_cache=True)
+        cache = out.past_key_values
+        held = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values))
+        ours = _kv_cfg(n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, sliding_window=window)
+        assert held == model_kv(ours, "tiny", "as configured").kv_bytes(T, 2)
+    assert held == 3 * 2 * 2 * 16 * (4 - 1) * 2  # the Mistral one: 3 tokens kept
+
+
+def kv_table(text: str, model: str, heading: str) -> list[list[str]]:
+    """The rows (cells split on two or more spaces) of table `heading` of `model`'s block."""
+    import re
+
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{model}: "))
+    i = next(n for n in range(start, len(lines)) if lines[n] == heading)
+    rows = []
+    for line in lines[i + 2 :]:
+        if not line.strip():
+            break
+        rows.append(re.split(r" {2,}", line.strip()))
+    return rows
+
+
+def test_kv_table_rows_and_plot(tmp_path, capsys):
+    from pretrain.cli.rope_cache_size import main
+
+    png = tmp_path / "kv.png"
+    code = main(
+        ["--kv", "--preset", "llama1b,pythia1b_paper", "--units", "bytes",
+         "--seq-lens", "4k,1M", "--latent-rank", "8,16", "--plot", str(png)]
+    )  # fmt: skip
+    res = capsys.readouterr()
+    assert code == 0, res.err
+    seq = [4096, 1024**2]
+    for model, layers, kv_heads, hd in [("llama1b", 16, 8, 64), ("pythia1b_paper", 16, 8, 256)]:
+        per_token = kv_table(res.stdout, model, "Per token:")
+        at = {(r[0], r[1]): r[2:] for r in kv_table(res.stdout, model, "At each context length:")}
+        kv_token = 2 * layers * kv_heads * hd * 2
+        assert at[("every variant", "K+V")] == [str(kv_token * T) for T in seq]
+        dims = {"100% RoPE": hd, "1/4 of pairs": hd // 4, "1/8 of pairs": hd // 8}
+        dims |= {"10% RoPE": even_dims("0.1", hd), "NoPE": 0}
+        assert [r[0] for r in per_token] == [p for p in dims for _ in (8, 16)]
+        for row in per_token:
+            pos, r, d_kv = row[0], dims[row[0]], int(row[5])
+            latent = layers * (kv_heads * d_kv + kv_heads * r) * 2
+            assert row[1:5] == [str(r), str(hd - r), str(2 * r * 4), str(kv_token)]
+            assert row[6:] == [str(latent), f"{100 * latent / kv_token:.2f}%"]
+            assert at[(pos, f"latent d_kv={d_kv}")] == [str(latent * T) for T in seq]
+            assert at[(pos, "cos/sin tables")] == [str(2 * T * r * 4) for T in seq]
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20000
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 2 * 500 and height > 400  # a panel per model
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["--kv", "--latent-rank", "16,0"], "--latent-rank"),
+        (["--kv", "--head-dim", "64"], "--head-dim"),
+        (["--latent-rank", "16"], "--latent-rank"),
+        (["--kv", "--preset", "llama1b,nosuch"], "nosuch"),
+    ],
+)
+def test_kv_bad_flag_is_one_line_error(args, names, capsys, monkeypatch):
+    from pretrain.cli.rope_cache_size import main
+
+    monkeypatch.delenv("PRETRAIN_DEBUG", raising=False)
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and names in err, err
