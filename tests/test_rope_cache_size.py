@@ -308,8 +308,8 @@ def test_kv_table_rows_and_plot(tmp_path, capsys):
     assert code == 0, res.err
     seq = [4096, 1024**2]
     for model, layers, kv_heads, hd in [("llama1b", 16, 8, 64), ("pythia1b_paper", 16, 8, 256)]:
-        per_token = kv_table(res.stdout, model, "Per token:")
-        at = {(r[0], r[1]): r[2:] for r in kv_table(res.stdout, model, "At each context length:")}
+        per_token = kv_table(res.out, model, "Per token:")
+        at = {(r[0], r[1]): r[2:] for r in kv_table(res.out, model, "At each context length:")}
         kv_token = 2 * layers * kv_heads * hd * 2
         assert at[("every variant", "K+V")] == [str(kv_token * T) for T in seq]
         dims = {"100% RoPE": hd, "1/4 of pairs": hd // 4, "1/8 of pairs": hd // 8}
