@@ -18,10 +18,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from pretrain.exit_codes import EXIT_PREEMPTED
 from pretrain.launch_env import LAUNCH_VARS
 from pretrain.study.records import (
     RUN_LOCK_FD_VAR,
@@ -86,40 +87,65 @@ class _Process:
     ready: bool = False  # training: its data is built (the "model:" line is out)
 
 
+@dataclass
 class LocalExecutor:
-    """The local executor's loop; `run_locally` is the way in."""
+    """Trains a study's runs on this machine, `parallel` at once, in the foreground."""
 
     # Two runs that build the same megatron index cache (same data, seed and length) at
     # once can read each other's half-written files: a run starts only after the one
     # started before it has built its data (printed its "model:" line) or ended.
-    READY_MARK = "\nmodel: "
-    READY_TIMEOUT_S = 900.0
+    READY_MARK: ClassVar[str] = "\nmodel: "
+    READY_TIMEOUT_S: ClassVar[float] = 900.0
 
-    def __init__(
-        self,
-        study: Study,
-        repo: Path,
-        parallel: int,
-        gpus: list[str],
-        evaluate: bool,
-        eval_args: Sequence[str],
-        python: Sequence[str],
-        echo: Echo,
-        progress_every: float,
-    ) -> None:
-        self.study, self.repo, self.parallel, self.gpus = study, Path(repo), parallel, gpus
-        self.evaluate, self.eval_args, self.python = evaluate, list(eval_args), list(python)
-        self.echo, self.progress_every = echo, progress_every
-        self.procs: list[_Process] = []
-        self.stopping: int | None = None  # the signal that asked us to stop
-        self.failed: list[str] = []
-        self.finished: list[str] = []
-        self.stopped: list[str] = []
-        self.t0 = time.monotonic()
+    study: Study
+    repo: Path
+    gpus: list[str]  # [] = CPU
+    parallel: int = 1
+    evaluate: bool = False
+    eval_args: Sequence[str] = ()
+    echo: Echo = print
+    progress_every: float = 30.0
+    procs: list[_Process] = field(default_factory=list)
+    stopping: int | None = None  # the signal that asked us to stop
+    failed: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+
+    def run(self, runs: Sequence[StudyRun]) -> int:
+        """Train `runs` that are not done, queued or running; 0 when every one completed, 1
+        when one failed, 128 + N when stopped by signal N."""
+        if self.parallel < 1:
+            raise StudyUsageError(f"--parallel {self.parallel}: give at least 1")
+        study, repo = self.study, self.repo
+        with study_lock(study.out_dir, "the local executor"):
+            rows = {r.run.name: r for r in study_status(study, repo).rows}
+            train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
+            evals = [
+                r
+                for r in runs
+                if self.evaluate and rows[r.name].state == COMPLETED and not eval_done(r, repo)
+            ]
+            report_skipped(runs, rows, [*train, *evals], self.echo)
+            check_files(study, train, repo, slurm=False)
+            if not train and not evals:
+                self.echo(
+                    "nothing to run: every run is done, queued or running "
+                    "(python tools/study.py status)"
+                )
+                return 0
+            where = f"GPUs {','.join(self.gpus)}" if self.gpus else f"CPU, {os.cpu_count()} cores"
+            also = f" and {len(evals)} evaluation(s)" if evals else ""
+            logs = relative_path(state_dir(study.out_dir), repo)
+            self.echo(
+                f"running {len(train)} run(s){also} here, {self.parallel} at once ({where}); "
+                f"logs in {logs}/"
+            )
+            return self._loop(train, evals)
 
     # -- the loop
 
-    def run(self, train: list[StudyRun], evals: list[StudyRun]) -> int:
+    def _loop(self, train: list[StudyRun], evals: list[StudyRun]) -> int:
         previous = {
             s: signal.signal(s, self._on_signal)
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -187,20 +213,16 @@ class LocalExecutor:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.parallel))
         return env
 
-    def _gpu(self) -> str | None:
-        if not self.gpus:
-            return None
-        used = [p.gpu for p in self.procs]
-        return min(self.gpus, key=used.count)
-
-    def _spawn(
-        self, run: StudyRun, kind: str, argv: list[str], log_path: Path, lock_fd: int | None
-    ) -> _Process:
+    def _spawn(self, run: StudyRun, kind: str, argv: list[str], lock_fd: int | None) -> _Process:
+        log_path = (
+            state_dir(self.study.out_dir) / f"{run.name}{'.eval' if kind == 'eval' else ''}.log"
+        )
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "a")  # noqa: SIM115 (closed when the process ends)
         log.write(f"\n[study {time.strftime('%Y-%m-%d %H:%M:%S')}] {' '.join(argv)}\n")
         log.flush()
-        gpu = self._gpu()
+        used = [p.gpu for p in self.procs]
+        gpu = min(self.gpus, key=used.count) if self.gpus else None  # the least used
         env = self._env(gpu)
         if lock_fd is not None:
             env[RUN_LOCK_FD_VAR] = str(lock_fd)
@@ -226,10 +248,10 @@ class LocalExecutor:
         if fd is None:  # a process of an earlier executor still trains it
             self.echo(f"{run.name}: a training process of it is still running; not started again")
             return
-        argv = [*self.python, "-u", "-m", "pretrain.cli.train", "--config", run.config_path]
+        argv = [sys.executable, "-u", "-m", "pretrain.cli.train", "--config", run.config_path]
         for override in run.overrides:  # the seed and run folder of a config seeds share
             argv += ["--set", override]
-        p = self._spawn(run, "train", argv, state_dir(self.study.out_dir) / f"{run.name}.log", fd)
+        p = self._spawn(run, "train", argv, fd)
         write_local_record(self.study.out_dir, run.name, LocalRecord(p.proc.pid, now_utc()))
         progress = read_progress(run, self.repo)
         where = (
@@ -239,10 +261,8 @@ class LocalExecutor:
         self.echo(f"{run.name}: started {where}{gpu} (pid {p.proc.pid}, log {self._log_name(p)})")
 
     def _start_eval(self, run: StudyRun) -> None:
-        argv = [*self.python, "-u", "-c", _EVALUATE, "--run", run.run_dir, *self.eval_args]
-        p = self._spawn(
-            run, "eval", argv, state_dir(self.study.out_dir) / f"{run.name}.eval.log", None
-        )
+        argv = [sys.executable, "-u", "-c", _EVALUATE, "--run", run.run_dir, *self.eval_args]
+        p = self._spawn(run, "eval", argv, None)
         self.echo(f"{run.name}: evaluating (pid {p.proc.pid}, log {self._log_name(p)})")
 
     def _became_ready(self, p: _Process) -> bool:
@@ -275,10 +295,10 @@ class LocalExecutor:
                     )
                 continue
             record = read_local_record(self.study.out_dir, p.run.name)
-            started = record.started if record else now_utc()
-            write_local_record(
-                self.study.out_dir, p.run.name, LocalRecord(p.proc.pid, started, now_utc(), code)
+            ended = LocalRecord(
+                p.proc.pid, record.started if record else now_utc(), now_utc(), code
             )
+            write_local_record(self.study.out_dir, p.run.name, ended)
             if p.lock_fd is not None:
                 os.close(p.lock_fd)  # the process is gone: the lock goes with our copy
             progress = read_progress(p.run, self.repo)
@@ -290,7 +310,7 @@ class LocalExecutor:
                 self.echo(f"{p.run.name}: completed in {took} ({progress.step} steps{valid})")
                 if self.evaluate and self.stopping is None:
                     self._start_eval(p.run)
-            elif self.stopping is not None and code in (99, -signal.SIGTERM):
+            elif self.stopping is not None and code in (EXIT_PREEMPTED, -signal.SIGTERM):
                 self.stopped.append(p.run.name)
                 self.echo(
                     f"{p.run.name}: stopped at step {progress.step}/{progress.total} (checkpoint saved)"
@@ -335,61 +355,4 @@ def _last_line(log: Path) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
-def run_locally(
-    study: Study,
-    repo: Path,
-    runs: Sequence[StudyRun],
-    parallel: int = 1,
-    evaluate: bool = False,
-    eval_args: Sequence[str] = (),
-    gpus: list[str] | None = None,
-    python: Sequence[str] | None = None,
-    echo: Echo = print,
-    progress_every: float = 30.0,
-) -> int:
-    """Train `runs` that are not done, queued or running on this machine, `parallel` at once,
-    in the foreground; 0 when every one completed, 1 when one failed, 128 + N when stopped by
-    signal N."""
-    if parallel < 1:
-        raise StudyUsageError(f"--parallel {parallel}: give at least 1")
-    gpus = local_gpus(None) if gpus is None else gpus
-    with study_lock(study.out_dir, "the local executor"):
-        status = study_status(study, repo)
-        rows = {r.run.name: r for r in status.rows}
-        train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
-        evals = [
-            r
-            for r in runs
-            if evaluate and rows[r.name].state == COMPLETED and not eval_done(r, repo)
-        ]
-        report_skipped(runs, rows, [*train, *evals], echo)
-        check_files(study, train, repo, slurm=False)
-        if not train and not evals:
-            echo(
-                "nothing to run: every run is done, queued or running (python tools/study.py status)"
-            )
-            return 0
-        where = f"GPUs {','.join(gpus)}" if gpus else f"CPU, {os.cpu_count()} cores"
-        echo(
-            f"running {len(train)} run(s){f' and {len(evals)} evaluation(s)' if evals else ''} "
-            f"here, {parallel} at once ({where}); logs in {relative_path(state_dir(study.out_dir), Path(repo))}/"
-        )
-        executor = LocalExecutor(
-            study,
-            repo,
-            parallel,
-            gpus,
-            evaluate,
-            eval_args,
-            python or [sys.executable],
-            echo,
-            progress_every,
-        )
-        return executor.run(train, evals)
-
-
-__all__ = [
-    "LocalExecutor",
-    "local_gpus",
-    "run_locally",
-]
+__all__ = ["LocalExecutor", "local_gpus"]

@@ -24,23 +24,10 @@ from pretrain.errors import UserError
 
 # Job states in which the job may still run (or runs): a run with such a job is not
 # submitted again. PENDING with a restart count is a requeued job waiting to start again.
-ACTIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "CONFIGURING",
-        "RUNNING",
-        "COMPLETING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "SUSPENDED",
-        "STOPPED",
-        "RESIZING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-    }
-)
 REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+_HELD_STATES = frozenset({"PENDING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING"})
+_RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
+ACTIVE_STATES = _HELD_STATES | _RUNNING_STATES | REQUEUE_STATES
 TIMEOUT_S = 60.0  # per Slurm command; a loaded controller can take seconds
 
 
@@ -99,9 +86,9 @@ def _run(cmd: list[str], env: Mapping[str, str] | None, cwd: Path | None = None)
     )
 
 
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    # Slurm prefixes many lines with "squeue: error:"; the last one usually says why.
+def _why(stderr: str) -> str:
+    """Slurm's reason: many lines start "squeue: error:", and the last one usually says why."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 
@@ -114,7 +101,7 @@ def slurm_unreachable(env: Mapping[str, str] | None = None) -> str | None:
     except subprocess.TimeoutExpired:
         return f"squeue did not answer within {TIMEOUT_S:.0f} s"
     if out.returncode != 0:
-        return _first_line(out.stderr) or f"squeue failed with exit code {out.returncode}"
+        return _why(out.stderr) or f"squeue failed with exit code {out.returncode}"
     return None
 
 
@@ -132,7 +119,7 @@ def queued_jobs(names: Iterable[str], env: Mapping[str, str] | None = None) -> l
         ["squeue", "--me", "-h", "-r", "-O", _SQUEUE_FORMAT, f"--name={','.join(names)}"], env
     )
     if out.returncode != 0:
-        raise SlurmError(f"squeue failed: {_first_line(out.stderr) or out.returncode}")
+        raise SlurmError(f"squeue failed: {_why(out.stderr) or out.returncode}")
     jobs = []
     for line in out.stdout.splitlines():
         parts = [p.strip() for p in line.split("|")]
@@ -198,7 +185,7 @@ def sbatch(args: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> 
     paths); returns the job id."""
     out = _run(["sbatch", "--parsable", *args], env, cwd)
     if out.returncode != 0:
-        raise SlurmError(f"sbatch {' '.join(args)}: {_first_line(out.stderr) or out.returncode}")
+        raise SlurmError(f"sbatch {' '.join(args)}: {_why(out.stderr) or out.returncode}")
     return out.stdout.strip().split(";")[0]
 
 

@@ -1,35 +1,16 @@
-"""Where each run of a study stands: from its run folder, from Slurm, from the local executor.
+"""Where each run of a study stands, from its run folder, Slurm and the local executor.
 
-The states, in the order a run usually passes them:
-
-    not started   no job, no process, nothing in the run folder
-    queued        a Slurm job waits (PENDING; the reason is in the Slurm column)
-    running       a Slurm job runs it, or a local training process (its lock is held)
-    requeued      its Slurm job was requeued (pre-emption, time limit, hang) and waits to
-                  start again; it resumes from RUN/checkpoints/latest
-    completed     the run folder holds the checkpoint of the last step
-    stopped       started, not finished, nothing running and no failure known: the local
-                  executor was stopped, or Slurm has forgotten the job; `submit` resumes it
-    cancelled     its Slurm job was cancelled (scancel); `submit` resumes it
-    failed        its job or process ended with an error (Slurm FAILED, TIMEOUT, NODE_FAIL,
-                  OUT_OF_MEMORY, ...; a local exit code other than 0 and 99)
-    hung          it ended after the hang watchdog fired (RUN/hang/ holds stack reports newer
-                  than its last metrics) and nothing restarts it
-    diverged      its loss is not finite (the last logged training or validation loss, on a
-                  step that was not skipped), or the spike guard gave up: the run used all its
-                  spikes.max_rollbacks rollbacks
-
-failed, hung and diverged are failures: `status` exits 1 when any run is in one of them.
-`submit` submits again what is not started, stopped, cancelled, failed or hung (each
-resumes from its newest checkpoint), never what is queued, running, requeued or completed,
-nor a diverged run (resuming it would diverge again: change its config first).
+docs/studies.md describes each state. `status` exits 1 when a run is in one of FAILURES.
+`submit` submits again what is SUBMITTABLE, each run resuming from its newest checkpoint:
+never an ACTIVE or completed run, nor a diverged one (it would diverge again: change its
+config first).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +19,6 @@ from pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from pretrain.run_layout import HANG_DIR, ROLLBACKS_FILE, RunLayout, read_metrics, tag_step
 from pretrain.study.records import (
     LocalRecord,
-    Submission,
     read_local_record,
     read_submissions,
     run_lock_held,
@@ -55,16 +35,16 @@ from pretrain.tables import Align, text_table
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
 
-NOT_STARTED = "not started"
-QUEUED = "queued"
-RUNNING = "running"
-REQUEUED = "requeued"
-COMPLETED = "completed"
-STOPPED = "stopped"
-CANCELLED = "cancelled"
-FAILED = "failed"
-HUNG = "hung"
-DIVERGED = "diverged"
+NOT_STARTED = "not started"  # no job, no process, nothing in the run folder
+QUEUED = "queued"  # a Slurm job waits (PENDING)
+RUNNING = "running"  # a Slurm job, or a local training process (its lock held), runs it
+REQUEUED = "requeued"  # its Slurm job was requeued and waits to start again
+COMPLETED = "completed"  # the run folder holds the checkpoint of the last step
+STOPPED = "stopped"  # started, not finished, nothing running, no failure known
+CANCELLED = "cancelled"  # its Slurm job was cancelled (scancel)
+FAILED = "failed"  # its job or process ended with an error
+HUNG = "hung"  # it ended after the hang watchdog fired, and nothing restarts it
+DIVERGED = "diverged"  # a loss is not finite, or the spike guard used every rollback
 STATES = (
     NOT_STARTED,
     QUEUED,
@@ -79,11 +59,8 @@ STATES = (
 )
 ACTIVE = frozenset({QUEUED, RUNNING, REQUEUED})
 FAILURES = frozenset({FAILED, HUNG, DIVERGED})
-# What `submit` submits (again): each resumes from its newest checkpoint.
 SUBMITTABLE = frozenset({NOT_STARTED, STOPPED, CANCELLED, FAILED, HUNG})
-
-
-# ----------------------------------------------------------------------------- run folder
+_HUNG_DETAIL = "the hang watchdog stopped it (stacks in RUN/hang/)"
 
 
 @dataclass(frozen=True)
@@ -129,19 +106,16 @@ def read_progress(run: StudyRun, repo: Path) -> RunProgress:
     """The run folder of `run` read without writing anything (safe while it trains)."""
     folder = run_folder(run, repo)
     config = run.config
-    total = int((config.get("train") or {}).get("train_iters") or 0)
     layout = RunLayout(folder, (config.get("checkpoint") or {}).get("dir"))
     tag = layout.latest_tag()
     checkpoint_step = tag_step(tag) if tag else None
     rows = read_metrics(folder)
-    step = max([int(r["step"]) for r in rows[-1:]] + [checkpoint_step or 0])
     last: dict[str, Any] = {}
     non_finite = False
     for row in rows:
-        for key in ("train/loss", "valid/loss", "perf/tokens_per_s", "perf/mfu"):
-            if key in row and row[key] is not None:
-                last[key] = row[key]
-        if "perf/step_time_s" in row:
+        keys = ("train/loss", "valid/loss", "perf/tokens_per_s", "perf/mfu")
+        last.update((k, row[k]) for k in keys if row.get(k) is not None)
+        if "perf/step_time_s" in row:  # the newest row's timing, None included
             last["perf/step_time_s"] = row["perf/step_time_s"]
         # A non-finite loss on a step the guard skipped left the weights as they were;
         # one on a step that updated them has spoilt them (every later loss is NaN).
@@ -153,8 +127,6 @@ def read_progress(run: StudyRun, repo: Path) -> RunProgress:
     hang = folder / HANG_DIR
     reports = list(hang.glob("rank_*.txt")) if hang.is_dir() else []
     metrics_time = layout.metrics.stat().st_mtime if layout.metrics.exists() else 0.0
-    hung = bool(reports) and max(p.stat().st_mtime for p in reports) >= metrics_time
-
     try:
         rollbacks = len(json.loads((folder / ROLLBACKS_FILE).read_text()))
     except (FileNotFoundError, json.JSONDecodeError):  # none yet, or being written
@@ -169,22 +141,19 @@ def read_progress(run: StudyRun, repo: Path) -> RunProgress:
         return float(v) if isinstance(v, (int, float)) else None
 
     return RunProgress(
-        step=step,
-        total=total,
+        step=max([int(r["step"]) for r in rows[-1:]] + [checkpoint_step or 0]),
+        total=int((config.get("train") or {}).get("train_iters") or 0),
         checkpoint_step=checkpoint_step,
         train_loss=value("train/loss"),
         valid_loss=value("valid/loss"),
         tokens_per_s=value("perf/tokens_per_s"),
         mfu=value("perf/mfu"),
         step_time_s=value("perf/step_time_s"),
-        hung=hung,
+        hung=bool(reports) and max(p.stat().st_mtime for p in reports) >= metrics_time,
         rollbacks=rollbacks,
         gave_up=gave_up,
         non_finite=non_finite,
     )
-
-
-# ----------------------------------------------------------------------------- the verdict
 
 
 @dataclass(frozen=True)
@@ -214,50 +183,40 @@ def decide_state(
 ) -> tuple[str, str]:
     """(state, detail) from the run folder and the newest job or process of the run."""
     if progress.diverged:
-        why = (
-            f"the spike guard used all {progress.rollbacks} rollbacks"
-            if progress.gave_up
-            else "its loss is not finite"
-        )
-        return DIVERGED, why
+        if progress.gave_up:
+            return DIVERGED, f"the spike guard used all {progress.rollbacks} rollbacks"
+        return DIVERGED, "its loss is not finite"
     if local_running:
         return RUNNING, ""
     if slurm is not None and slurm.active:
         if slurm.requeued:
             return REQUEUED, ""
-        if slurm.state == "PENDING":
-            return QUEUED, ""
-        return RUNNING, ""
+        return (QUEUED if slurm.state == "PENDING" else RUNNING), ""
     if progress.done:
         return COMPLETED, ""
     if slurm is not None:
         if slurm.state == "CANCELLED":
             return CANCELLED, ""
         if progress.hung:
-            return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
+            return HUNG, _HUNG_DETAIL
         if slurm.state == "COMPLETED":  # the script ended 0 without the last checkpoint
             return FAILED, "the job completed without the run's last checkpoint"
         return FAILED, ""
     if local is not None and local.exit_code is not None:
         if local.exit_code == EXIT_HUNG or progress.hung:
-            return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
+            return HUNG, _HUNG_DETAIL
         if local.exit_code == EXIT_PREEMPTED or local.exit_code < 0:  # a signal: stopped
             return STOPPED, ""
         return FAILED, f"exit code {local.exit_code}"
     if progress.hung:
-        return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
-    if progress.started:
-        return STOPPED, ""
-    return NOT_STARTED, ""
+        return HUNG, _HUNG_DETAIL
+    return (STOPPED if progress.started else NOT_STARTED), ""
 
 
 @dataclass(frozen=True)
 class StudyStatus:
     rows: list[RunStatus]
     slurm_note: str | None = None  # why Slurm was not asked, when it was not
-
-    def count(self, *states: str) -> int:
-        return sum(r.state in states for r in self.rows)
 
     @property
     def failed(self) -> bool:
@@ -268,17 +227,11 @@ class StudyStatus:
         return any(r.state in ACTIVE for r in self.rows)
 
 
-def _newest(jobs: Sequence[SlurmJob]) -> SlurmJob | None:
-    return max(jobs, key=lambda j: (len(j.job_id), j.job_id)) if jobs else None
-
-
 def _study_jobs(study: Study, env: Mapping[str, str] | None) -> list[tuple[str, SlurmJob]]:
     """(run name, job) of the study's jobs in the queue: a run's own job by its job name; a
     task of the study's job array (named after the study) by its index, task i being run i."""
     by_name = {r.job_name: r.name for r in study.runs}
-    names = set(by_name)
-    if study.array:
-        names.add(study.name)
+    names = set(by_name) | ({study.name} if study.array else set())
     found = []
     for job in queued_jobs(names, env):
         if job.array_task is not None and job.name == study.name and study.array:
@@ -296,31 +249,26 @@ def study_status(
     env: Mapping[str, str] | None = None,
 ) -> StudyStatus:
     """Every run's row. `ask_slurm`: None asks Slurm where this machine can reach it."""
-    note = None
-    submissions: dict[str, list[Submission]] = read_submissions(study.out_dir)
+    submissions = read_submissions(study.out_dir)
     queue: dict[str, list[SlurmJob]] = {}
     ended: dict[str, SlurmJob] = {}
-    if ask_slurm is not False:
-        note = slurm_unreachable(env)
-        if note is not None and ask_slurm:
-            raise SlurmError(f"cannot ask Slurm: {note}")
-    if ask_slurm is not False and note is None:
+    note = "Slurm not asked" if ask_slurm is False else slurm_unreachable(env)
+    if note is not None and ask_slurm:
+        raise SlurmError(f"cannot ask Slurm: {note}")
+    if note is None:
         for name, job in _study_jobs(study, env):
             queue.setdefault(name, []).append(job)
         queued_ids = {j.job_id for jobs in queue.values() for j in jobs}
         recorded = [subs[-1].job for subs in submissions.values() if subs]
         ended = finished_jobs([i for i in recorded if i not in queued_ids], env)
-    elif ask_slurm is False:
-        note = "Slurm not asked"
-    if note is not None and ask_slurm is None:
+    elif ask_slurm is None:
         note = f"no Slurm here: {note}"
 
     rows = []
     for run in study.runs:
-        progress = read_progress(run, repo)
         subs = submissions.get(run.name, [])
         active = [j for j in queue.get(run.name, []) if j.active]
-        slurm = _newest(active)
+        slurm = max(active, key=lambda j: (len(j.job_id), j.job_id), default=None)
         if slurm is None and subs:
             slurm = ended.get(subs[-1].job)
         local = read_local_record(study.out_dir, run.name)
@@ -331,21 +279,17 @@ def study_status(
                 slurm = None
             else:
                 local = None
+        progress = read_progress(run, repo)
         state, detail = decide_state(progress, slurm, local_running, local)
         if slurm is not None:
             job, job_state = slurm.job_id, slurm.describe()
             if len(active) > 1:
-                detail = f"{len(active)} jobs of this run in the queue: " + ", ".join(
-                    j.job_id for j in active
-                )
+                ids = ", ".join(j.job_id for j in active)
+                detail = f"{len(active)} jobs of this run in the queue: {ids}"
         elif local is not None or local_running:
             job = f"local pid {local.pid}" if local else "local"
-            if local_running:
-                job_state = "running"
-            elif local and local.exit_code is not None:
-                job_state = f"exit {local.exit_code}"
-            else:
-                job_state = "gone"
+            code = local.exit_code if local else None
+            job_state = "running" if local_running else "gone" if code is None else f"exit {code}"
         elif subs:
             job, job_state = subs[-1].job, "unknown to Slurm" if note is None else "not asked"
         else:
@@ -354,48 +298,25 @@ def study_status(
     return StudyStatus(rows, note)
 
 
-# ----------------------------------------------------------------------------- the table
-
-STATUS_COLUMNS = (
-    "run",
-    "state",
-    "step",
-    "train loss",
-    "valid loss",
-    "tok/s",
-    "MFU",
-    "ETA",
-    "job",
-    "Slurm / process",
-)
-
-
 def duration(seconds: float | None) -> str:
     """`4m10s`, `2h05m`; `-` for none."""
     if seconds is None or not math.isfinite(seconds):
         return "-"
-    s = int(seconds)
-    h, rem = divmod(s, 3600)
+    h, rem = divmod(int(seconds), 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def status_cells(row: RunStatus) -> list[str]:
+def _cells(row: RunStatus) -> list[str]:
     p = row.progress
     mfu = "-" if p.mfu is None else ("<0.1%" if 0 <= p.mfu < 1e-3 else f"{100 * p.mfu:.1f}%")
-    tps = "-" if p.tokens_per_s is None else f"{p.tokens_per_s / 1e3:,.1f}k"
-    state = row.state + (f": {row.detail}" if row.detail else "")
     return [
         row.run.name,
-        state,
+        row.state + (f": {row.detail}" if row.detail else ""),
         f"{p.step}/{p.total}",
-        _num(p.train_loss, ".4f"),
-        _num(p.valid_loss, ".4f"),
-        tps,
+        "-" if p.train_loss is None else f"{p.train_loss:.4f}",
+        "-" if p.valid_loss is None else f"{p.valid_loss:.4f}",
+        "-" if p.tokens_per_s is None else f"{p.tokens_per_s / 1e3:,.1f}k",
         mfu,
         duration(row.eta_s),
         row.job or "-",
@@ -404,23 +325,20 @@ def status_cells(row: RunStatus) -> list[str]:
 
 
 def format_status_table(status: StudyStatus) -> str:
-    """The rows as aligned text, then one line that counts them."""
-    cells = [status_cells(r) for r in status.rows]
-    # run and state on the left, the figures (step .. ETA) on the right, then the job's.
-    align: list[Align] = ["left", "left", *["right"] * 6, "left", "left"]
-    return text_table(STATUS_COLUMNS, cells, align=align) + "\n" + status_summary(status)
-
-
-def status_summary(status: StudyStatus) -> str:
-    """`6 runs: 2 completed, 1 running, 3 queued; the last running one ends in 4m10s`."""
-    counts = [f"{status.count(s)} {s}" for s in STATES if status.count(s)]
-    text = f"{len(status.rows)} runs: " + ", ".join(counts)
+    """The rows as aligned text, then one line that counts them: `6 runs: 2 completed,
+    1 running, 3 queued; the running ones end in 4m10s at the latest`."""
+    figures = ("step", "train loss", "valid loss", "tok/s", "MFU", "ETA")  # right-aligned
+    header = ("run", "state", *figures, "job", "Slurm / process")
+    align: list[Align] = ["left", "left", *["right"] * len(figures), "left", "left"]
+    table = text_table(header, [_cells(r) for r in status.rows], align)
+    counts = [(sum(r.state == s for r in status.rows), s) for s in STATES]
+    summary = f"{len(status.rows)} runs: " + ", ".join(f"{n} {s}" for n, s in counts if n)
     etas = [r.eta_s for r in status.rows if r.eta_s is not None]
     if etas:
-        text += f"; the running ones end in {duration(max(etas))} at the latest"
+        summary += f"; the running ones end in {duration(max(etas))} at the latest"
     if status.slurm_note:
-        text += f" ({status.slurm_note}; the run folders say)"
-    return text
+        summary += f" ({status.slurm_note}; the run folders say)"
+    return f"{table}\n{summary}"
 
 
 __all__ = [
@@ -446,7 +364,5 @@ __all__ = [
     "format_status_table",
     "read_progress",
     "run_folder",
-    "status_cells",
-    "status_summary",
     "study_status",
 ]
