@@ -97,19 +97,6 @@ class Axis:
 
 
 @dataclass(frozen=True)
-class Rule:
-    """A field derived from another: `KEY: OTHER.KEY` (a copy), `KEY: {FROM: {value: result}}`
-    (a table of FROM's value) or `KEY: VALUE`. No arithmetic: a derived size that depends on
-    another is a table, which says every value it takes."""
-
-    key: str
-    copy_key: str | None = None
-    lookup_key: str | None = None
-    table: dict[Any, Any] | None = None
-    value: Any = None
-
-
-@dataclass(frozen=True)
 class Grid:
     run_name: str
     run_description: str
@@ -297,8 +284,10 @@ def parse_exclude(
     return tuple(out)
 
 
-def parse_rules(w: Where, spec: dict[str, Any] | None) -> tuple[Rule, ...]:
-    rules = []
+def parse_rules(w: Where, spec: dict[str, Any] | None) -> dict[str, Any]:
+    """Fields derived from others, each checked: `KEY: OTHER.KEY` (a copy), `KEY: {FROM:
+    {value: result}}` (a table of FROM's value) or `KEY: VALUE`. No arithmetic: a derived size
+    that depends on another is a table, which says every value it takes."""
     for key, how in (spec or {}).items():
         where = f"rule {key}"
         checked_key(w, where, key, "fix the rule's key")
@@ -309,16 +298,11 @@ def parse_rules(w: Where, spec: dict[str, Any] | None) -> tuple[Rule, ...]:
                     f"{how!r} is not a lookup table",
                     "write KEY: {FROM_KEY: {value: result, ...}}",
                 )
-            ((source, table),) = how.items()
-            source = checked_key(w, where, source, "fix the key the table reads")
-            rules.append(Rule(key, lookup_key=source, table=dict(table)))
+            checked_key(w, where, next(iter(how)), "fix the key the table reads")
         elif isinstance(how, str):
             fix = "a rule copies another config key, or looks its value up in a table"
             checked_key(w, where, how, fix + " (KEY: {FROM_KEY: {value: result}})")
-            rules.append(Rule(key, copy_key=how))
-        else:
-            rules.append(Rule(key, value=how))
-    return tuple(rules)
+    return dict(spec or {})
 
 
 def render_template(w: Where, where: str, template: str, values: dict[str, str]) -> str:
@@ -345,7 +329,6 @@ __all__ = [
     "AxisValue",
     "Entry",
     "Grid",
-    "Rule",
     "StudyError",
     "Where",
     "checked_key",

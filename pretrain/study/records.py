@@ -1,19 +1,14 @@
-"""What a study remembers of running its runs, in studies/NAME/state/ (beside report/; a
-record of this checkout's submissions, not part of the study: keep it out of git):
+"""What a study remembers of running its runs, in studies/NAME/state/ (this checkout's record,
+not part of the study: keep it out of git):
 
-    jobs.json        every Slurm submission per run: job id, evaluation job id, time
-                     (appended, never rewritten: the newest is last)
-    submit.lock      held while `submit` decides and submits, and for the whole life of the
-                     local executor: one submitter at a time
-    RUN.lock         held by a run's training process under the local executor (inherited
-                     from the executor, kept from its own forked children): held = the run's
-                     training process lives, whoever started it
-    RUN.json         that process: pid, start and end, exit code
-    RUN.log          its output (appended by every start)
-    RUN.eval.log     its evaluation's output
+    jobs.json      every Slurm submission per run (appended: the newest last)
+    submit.lock    held while `submit` decides and submits, and by the local executor
+    RUN.lock       held by the run's training process while it lives, whoever started it
+    RUN.json       that process under the local executor: pid, start and end, exit code
+    RUN.log        its output; RUN.eval.log its evaluation's
 
-Locks are `flock`s: the kernel drops them when every holder is gone, kill -9 included, so a
-lock never outlives its run and there is no stale lock file to clean up.
+Locks are `flock`s: the kernel drops them with their last holder (kill -9 included), so no
+lock outlives its process and there is no stale lock file to clean up.
 """
 
 from __future__ import annotations

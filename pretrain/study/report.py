@@ -1,21 +1,10 @@
-"""A study's report from the runs that have finished: studies/NAME/report/.
+"""A study's report from the runs that have finished, in studies/NAME/report/ (docs/studies.md,
+"report", lists its files).
 
-    report.md          the tables below, and the plots; "Partial report" at the top while
-                       runs are missing (listed with their state)
-    report.csv         one row per run and per group (compare_runs' CSV: pretrain.eval.compare)
-    welch.csv          every Welch t-test against the baseline
-    loss_curves.png    training and validation loss per group: the mean over its seeds, the
-                       band from the lowest to the highest seed
-    positions.png      loss by position per group (when the runs were evaluated with
-                       tools/evaluate.py --val --per-position or --lengths)
-
-The numbers are compare_runs' (pretrain/eval/compare.py): each run is summarised by
-`summarize_run` (final and best validation loss, bits per byte, every lm-eval metric of its
-newest evaluation, the loss at each evaluated length), groups are pooled over seeds by
-`Group.stats` (mean ± sample std) and tested by `welch_tests`. What this module adds is the
-study's own grouping (a group is the runs whose labels are equal but for the seed, named
-by its labels, rather than compare_runs' guess from configs and folder names) and baseline:
-`baseline: {rope: "1.0"}` compares each group with the group of the same labels but rope
+The numbers are compare_runs' (pretrain/eval/compare.py: `summarize_run` per run, groups pooled
+over seeds by `Group.stats`, `welch_tests`). What this module adds is the study's own grouping
+(the runs whose labels are equal but for the seed, named by their labels) and baseline:
+`baseline: {rope: "1.0"}` tests each group against the group with the same labels but rope
 1.0 (with several axes, each model against its own full-RoPE group).
 """
 
@@ -32,7 +21,6 @@ from typing import TYPE_CHECKING
 from pretrain.eval.compare import (
     COLUMNS,
     Group,
-    RunSummary,
     WelchResult,
     groups_table,
     length_welch_tests,
@@ -55,6 +43,7 @@ if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
 
 REPORT_DIR = "report"
+_NO_PAIR = "(no pair with at least two seeds on both sides)\n"
 
 
 @dataclass
@@ -72,27 +61,27 @@ class StudyReport:
 
 @dataclass
 class _GroupRuns:
-    """A study group: its label, its labels, and its finished runs' summaries."""
+    """A study group: its labels, its finished runs and their summaries (`group`)."""
 
-    label: str
     labels: Mapping[str, str]
     runs: list[StudyRun]
-    summaries: list[RunSummary]
+    group: Group
 
-    def group(self) -> Group:
-        return Group(self.label, self.summaries)
+    @property
+    def label(self) -> str:
+        return self.group.label
 
 
 def _groups(study: Study, finished: Sequence[StudyRun], repo: Path) -> list[_GroupRuns]:
     out: dict[str, _GroupRuns] = {}
-    for run in study.runs:  # in the study's order, with or without finished runs
-        out.setdefault(run.group, _GroupRuns(run.group, dict(run.labels), [], []))
+    for run in study.runs:  # in the study's order
+        out.setdefault(run.group, _GroupRuns(dict(run.labels), [], Group(run.group, [])))
     for run in finished:
         summary = summarize_run(run_folder(run, repo))
         summary.name = run.name  # the study's name for it, not its folder's
         out[run.group].runs.append(run)
-        out[run.group].summaries.append(summary)
-    return [g for g in out.values() if g.summaries]
+        out[run.group].group.runs.append(summary)
+    return [g for g in out.values() if g.runs]
 
 
 def parse_baseline(text: str | None) -> dict[str, str] | None:
@@ -115,15 +104,10 @@ def baseline_pairs(
     by_labels = {tuple(sorted(g.labels.items())): g for g in groups}
     pairs = []
     for g in groups:
-        want = tuple(sorted({**g.labels, **baseline}.items()))
-        base = by_labels.get(want)
+        base = by_labels.get(tuple(sorted({**g.labels, **baseline}.items())))
         if base is not None and base is not g:
             pairs.append((g, base))
     return pairs
-
-
-def _metric_keys(summaries: Sequence[RunSummary]) -> tuple[str, ...]:
-    return tuple(k for _, k in COLUMNS if any(k in s.values for s in summaries))
 
 
 def _drop_empty_columns(table: str) -> str:
@@ -138,14 +122,15 @@ def _drop_empty_columns(table: str) -> str:
     return markdown_table([header[i] for i in keep], [[r[i] for i in keep] for r in body])
 
 
-def _welch(pairs, keys, lengths: bool) -> list[WelchResult]:
+def _welch(pairs: list[tuple[_GroupRuns, _GroupRuns]], keys: tuple[str, ...] | None):
+    """Each group against its baseline group: on `keys`, or (None) the loss at each length."""
     results: list[WelchResult] = []
     for g, base in pairs:
-        grouped = [g.group(), base.group()]
-        if lengths:
-            results += length_welch_tests(grouped, base.label)
+        both = [g.group, base.group]
+        if keys is None:
+            results += length_welch_tests(both, base.label)
         else:
-            results += welch_tests(grouped, base.label, keys)
+            results += welch_tests(both, base.label, keys)
     return results
 
 
@@ -155,10 +140,8 @@ def _welch_csv(results: Sequence[WelchResult], pairs) -> str:
     w = csv.writer(buf)
     w.writerow(["group", "baseline", "metric", "mean", "baseline_mean", "rel_diff", "t", "df", "p"])
     for r in results:
-        w.writerow(
-            [r.group, base_of.get(r.group, ""), r.key, r.mean, r.baseline_mean, r.rel_diff]
-            + [r.t, r.df, r.p]
-        )
+        row = [r.group, base_of.get(r.group, ""), r.key, r.mean, r.baseline_mean, r.rel_diff]
+        w.writerow(row + [r.t, r.df, r.p])
     return buf.getvalue()
 
 
@@ -199,8 +182,8 @@ def plot_group_losses(groups: Sequence[_GroupRuns], repo: Path, out: Path) -> Pa
         if ax.lines:
             ax.legend(fontsize=8)
     # The first tenth of the steps (a loss near ln(vocab)) would flatten every difference
-    # that matters: the axis starts below the lowest final loss and ends at the highest
-    # loss a tenth of the way in.
+    # that matters: the axis runs from below the lowest final loss to the highest loss a
+    # tenth of the way in.
     curves = [ln.get_ydata() for ln in ax_t.lines]
     if curves:
         low = min(y[-1] for y in curves)
@@ -234,17 +217,17 @@ def write_study_report(
     progress = {r.name: read_progress(r, repo) for r in study.runs}
     finished = [r for r in study.runs if progress[r.name].done]
     report = StudyReport(out, "", [], len(finished), len(study.runs))
-    lines = [f"# Study {study.name}", ""]
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [f"# Study {study.name}", ""]
     if report.partial:
-        missing = [r for r in study.runs if not progress[r.name].done]
+        missing = ", ".join(
+            f"{r.name} (step {progress[r.name].step}/{progress[r.name].total})"
+            for r in study.runs
+            if not progress[r.name].done
+        )
         lines += [
             f"**Partial report** (written {stamp}): {len(finished)} of {len(study.runs)} runs "
-            f"have finished. Not in it: "
-            + ", ".join(
-                f"{r.name} (step {progress[r.name].step}/{progress[r.name].total})" for r in missing
-            )
-            + ".",
+            f"have finished. Not in it: {missing}.",
             "",
         ]
     else:
@@ -253,35 +236,27 @@ def write_study_report(
     if diverged:
         lines += [f"Diverged (their figures are not finite): {', '.join(diverged)}.", ""]
     if not finished:
-        lines += ["No run has finished yet: nothing to report."]
-        report.markdown = "\n".join(lines) + "\n"
+        report.markdown = "\n".join([*lines, "No run has finished yet: nothing to report."]) + "\n"
         report.files.append(_write(out / "report.md", report.markdown))
         return report
 
     groups = _groups(study, finished, repo)
-    summaries = [s for g in groups for s in g.summaries]
-    compared = [g.group() for g in groups]
+    summaries = [s for g in groups for s in g.group.runs]
+    compared = [g.group for g in groups]
     lines += ["## Runs", "", _drop_empty_columns(runs_table(summaries))]
-    lines += [
-        "## Groups (mean ± std over seeds)",
-        "",
-        _drop_empty_columns(groups_table(compared)),
-    ]
+    lines += ["## Groups (mean ± std over seeds)", "", _drop_empty_columns(groups_table(compared))]
     welch: list[WelchResult] = []
-    pairs = []
+    pairs = baseline_pairs(groups, baseline) if baseline else []
     if baseline:
         text = ", ".join(f"{k}={v}" for k, v in baseline.items())
-        pairs = baseline_pairs(groups, baseline)
-        welch = _welch(pairs, _metric_keys(summaries), lengths=False)
+        welch = _welch(pairs, tuple(k for _, k in COLUMNS if any(k in s.values for s in summaries)))
         lines += [
             f"## Against the baseline ({text})",
             "",
             f"Each group against the group with the same labels but {text}: Welch's t-test "
             f"(two-sided), on every metric that both have for at least two seeds.",
             "",
-            welch_table(welch, "baseline")
-            if welch
-            else "(no pair with at least two seeds on both sides)\n",
+            welch_table(welch, "baseline") if welch else _NO_PAIR,
         ]
     positions = any(s.positions is not None for s in summaries)
     if positions:
@@ -291,14 +266,12 @@ def write_study_report(
             lengths_table(compared),
         ]
         if pairs:
-            length_results = _welch(pairs, (), lengths=True)
-            welch += length_results
+            at_lengths = _welch(pairs, None)
+            welch += at_lengths
             lines += [
                 "### Against the baseline, loss at each length",
                 "",
-                welch_table(length_results, "baseline")
-                if length_results
-                else "(no pair with at least two seeds on both sides)\n",
+                welch_table(at_lengths, "baseline") if at_lengths else _NO_PAIR,
             ]
     report.files.append(_write(out / "report.csv", to_csv(summaries, compared)))
     if welch:

@@ -1,16 +1,10 @@
-"""A study expanded: its runs (`StudyRun`), the `Study`, and the study as one Slurm job array.
-
-pretrain/study/spec.py builds these from a study file; plan, write, submit, status and report
-read them.
-"""
+"""A study expanded (by pretrain/study/spec.py): its runs, the `Study`, and the study as one
+Slurm job array."""
 
 from __future__ import annotations
 
-import copy
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from pretrain.study.fields import Where
 from pretrain.study.slurm import Slurm, time_limit_s
@@ -28,12 +22,10 @@ class StudyRun:
     run_dir: str  # logging.run_dir
     job_name: str
     description: str = ""
-    # `--set` arguments the launch adds to the config file: the seed and run folder of a run
-    # whose config file its group's seeds share (layout.config without {name} or {seed}).
+    # `--set`s the launch adds to a config file the group's seeds share: seed and run folder.
     overrides: tuple[str, ...] = ()
     slurm: Slurm | None = None  # this run's header (its time limit, the grid's changes)
-    # The config file's content below its header: the study's config with the run's values,
-    # `inherit:` paths relative to config_path (what `write` dumps).
+    # What `write` dumps below the header: the study's config with the run's values.
     config_file: dict = field(default_factory=dict)
     stem: str = ""  # the name without the seed (the shared config's name)
 
@@ -63,7 +55,6 @@ class Study:
     max_running: int | None = None  # the array's %N: at most N runs at once
     array_script: str | None = None  # repo-relative script of the array
     headers: Headers | None = None
-    axes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # axis -> labels, in order
     seeds: tuple[int, ...] = ()
 
 
@@ -75,30 +66,6 @@ def relative_path(path: Path, repo: Path) -> str:
         return str(path)
 
 
-def written_config(compact: dict[str, Any], config_path: str) -> dict[str, Any]:
-    """The config file's content: the study's repository paths in `inherit:` become paths
-    from the config's own folder, as the config loader reads them."""
-    out = copy.deepcopy(compact)
-    inherit = out.get("inherit")
-    if inherit is None:
-        return out
-    here = os.path.dirname(config_path) or "."
-
-    def rel(p: str) -> str:
-        return Path(os.path.relpath(p, here)).as_posix()
-
-    if isinstance(inherit, str):
-        out["inherit"] = rel(inherit)
-    elif isinstance(inherit, list):
-        out["inherit"] = [rel(str(p)) for p in inherit]
-    elif isinstance(inherit, dict):
-        out["inherit"] = {k: rel(str(p)) for k, p in inherit.items()}
-    return out
-
-
-# ----------------------------------------------------------------------------- job arrays
-
-
 def as_array(study: Study, max_running: int | None = None) -> Study:
     """The study as one Slurm job array: no per-run scripts, one header for every task (the
     longest time limit of its runs); refuses runs whose layouts differ otherwise."""
@@ -107,8 +74,7 @@ def as_array(study: Study, max_running: int | None = None) -> Study:
         raise w.error(
             "slurm", "the study has no Slurm layout, so no job array", "add slurm: to the study"
         )
-    headers = {r.slurm.replace(time="0") for r in study.runs if r.slurm is not None}
-    if len(headers) > 1:
+    if len({r.slurm.replace(time="0") for r in study.runs if r.slurm is not None}) > 1:
         raise w.error(
             "slurm",
             "its runs have different Slurm layouts (a grid's slurm:), and an array has one header",
@@ -116,10 +82,9 @@ def as_array(study: Study, max_running: int | None = None) -> Study:
         )
     if max_running is not None and max_running < 1:
         raise w.error("--array %N", f"{max_running}", "give a positive number of runs at once")
-    runs = tuple(replace(r, script_path=None) for r in study.runs)
     return replace(
         study,
-        runs=runs,
+        runs=tuple(replace(r, script_path=None) for r in study.runs),
         array=True,
         max_running=max_running if max_running is not None else study.max_running,
     )
@@ -132,12 +97,4 @@ def array_header(study: Study) -> Slurm:
     return max(runs, key=lambda s: time_limit_s(s.time)) if runs else study.slurm
 
 
-__all__ = [
-    "Headers",
-    "Study",
-    "StudyRun",
-    "array_header",
-    "as_array",
-    "relative_path",
-    "written_config",
-]
+__all__ = ["Headers", "Study", "StudyRun", "array_header", "as_array", "relative_path"]

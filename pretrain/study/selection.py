@@ -1,13 +1,6 @@
-"""Choosing what a study's `submit` runs, for both executors: slurm_submit.py (Slurm,
-`submit`) and local_executor.py (this machine, `submit --executor local`): the runs `--only`
-names, the files they need, the evaluation options, and the runs skipped and why.
-
-Both submit what is not done, queued or running (status.SUBMITTABLE: not started, stopped,
-cancelled, failed, hung), each run resuming from its newest checkpoint, and never a run
-twice: the study's submit lock admits one submitter at a time, Slurm is asked for the
-study's jobs by name before anything is submitted, and a local run's training process holds
-the run's lock for as long as it lives (records.py).
-"""
+"""What a study's `submit` runs, for both executors (slurm_submit.py, local_executor.py): the
+runs `--only` names, the files they need, the evaluation options, the runs skipped and why.
+What is SUBMITTABLE and how a run is never submitted twice: docs/studies.md, "submit"."""
 
 from __future__ import annotations
 
@@ -74,13 +67,16 @@ def eval_done(run: StudyRun, repo: Path) -> bool:
 def check_files(study: Study, runs: Sequence[StudyRun], repo: Path, slurm: bool) -> None:
     """The files the runs need are written and are what the study writes today: a study
     edited since its `write` would otherwise train the old configs."""
-    if slurm and not study.array:
-        no_script = [r.name for r in runs if not r.script_path]
-        if no_script:
-            raise StudyUsageError(
-                f"runs {_first_three(no_script)} have no "
-                f"Slurm job script (the study has no slurm: layout); use --executor local"
-            )
+
+    def first_three(names: Sequence[str]) -> str:
+        return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+    no_script = [r.name for r in runs if not r.script_path]
+    if slurm and not study.array and no_script:
+        raise StudyUsageError(
+            f"runs {first_three(no_script)} have no Slurm job script (the study has no slurm: "
+            "layout); use --executor local"
+        )
     need = {r.config_path for r in runs}
     if slurm:
         need |= {r.script_path for r in runs if r.script_path}
@@ -94,28 +90,15 @@ def check_files(study: Study, runs: Sequence[StudyRun], repo: Path, slurm: bool)
     for files, what in ((missing, "are not written"), (stale, "differ from what the study writes")):
         if files:
             raise StudyUsageError(
-                f"{len(files)} file(s) of the study {what} ({_first_three(files)}); "
+                f"{len(files)} file(s) of the study {what} ({first_three(files)}); "
                 f"run: python tools/study.py write "
                 f"{relative_path(Path(study.path), Path(repo))}"
             )
 
 
-def _first_three(names: Sequence[str]) -> str:
-    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-
-
 def eval_arguments(text: str | None) -> list[str]:
     """tools/evaluate.py options: `text`, else $PRETRAIN_EVAL_ARGS (as slurm/submit.sh)."""
     return shlex.split(text if text is not None else os.environ.get(EVAL_ARGS_ENV, ""))
-
-
-def _skip_reason(row: RunStatus) -> str:
-    if row.state == DIVERGED:
-        return (
-            f"diverged ({row.detail}), skipped: change its config, or remove its run folder "
-            f"to start over"
-        )
-    return f"{row.state}, skipped"
 
 
 def report_skipped(
@@ -130,7 +113,13 @@ def report_skipped(
         if run not in chosen:
             row = rows[run.name]
             skipped.append((run.name, row.state))
-            echo(f"{run.name}: {_skip_reason(row)}")
+            if row.state == DIVERGED:
+                echo(
+                    f"{run.name}: diverged ({row.detail}), skipped: change its config, or "
+                    "remove its run folder to start over"
+                )
+            else:
+                echo(f"{run.name}: {row.state}, skipped")
     return skipped
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from pretrain.study.fields import (
     shown_path,
 )
 from pretrain.study.file import Seeds, StudyFile, read_study_file
-from pretrain.study.runs import Headers, Study, StudyRun, as_array, relative_path, written_config
+from pretrain.study.runs import Headers, Study, StudyRun, as_array, relative_path
 from pretrain.study.slurm import Slurm, parse_slurm, planned_slurm, slurm_options
 
 
@@ -249,7 +250,6 @@ class _Loader:
                 script=headers.script or SCRIPT_HEADER,
                 generated=headers.generated or STUDY_GENERATED.format(study_file=study_file),
             ),
-            axes={a.name: a.labels for a in self.axes.values()},
             seeds=self.seeds,
         )
         return as_array(study) if self.array else study
@@ -349,35 +349,34 @@ class _Loader:
             return
         merged = self._merged(compact, where)
         defaults = to_dict(Config())
-        for rule in self.rules:
-            if rule.key in source:  # what a run's axis value names beats what a rule derives
+        for key, how in self.rules.items():
+            if key in source:  # what a run's axis value names beats what a rule derives
                 continue
-            here = f"{where} rule {rule.key}"
+            here = f"{where} rule {key}"
 
-            def lookup(key: str, here: str = here) -> Any:
-                found, value = get_key(merged, key)
+            def lookup(name: str, here: str = here) -> Any:
+                found, value = get_key(merged, name)
                 if not found:
-                    found, value = get_key(defaults, key)
+                    found, value = get_key(defaults, name)
                 if not found:
-                    raise self.w.error(here, f"{key} is not set", "set it in config: or an axis")
+                    raise self.w.error(here, f"{name} is not set", "set it in config: or an axis")
                 return value
 
-            if rule.copy_key is not None:
-                value = lookup(rule.copy_key)
-            elif rule.lookup_key is not None:
-                have, table = lookup(rule.lookup_key), rule.table or {}
+            if isinstance(how, dict):  # a table of another key's value
+                ((from_key, table),) = how.items()
+                have = lookup(from_key)
                 if have not in table:
                     raise self.w.error(
                         here,
-                        f"{rule.lookup_key}={have!r} is not in its table ({', '.join(map(str, table))})",
+                        f"{from_key}={have!r} is not in its table ({', '.join(map(str, table))})",
                         "add it to the table",
                     )
                 value = table[have]
             else:
-                value = copy.deepcopy(rule.value)
-            set_key(compact, rule.key, value)
-            set_key(merged, rule.key, value)
-            source[rule.key] = f"rule {rule.key}"
+                value = lookup(how) if isinstance(how, str) else copy.deepcopy(how)
+            set_key(compact, key, value)
+            set_key(merged, key, value)
+            source[key] = f"rule {key}"
 
     def _merged(self, compact: dict[str, Any], where: str) -> dict[str, Any]:
         """The config with its `inherit:` read (paths from the repository), by the run loader's
@@ -467,6 +466,25 @@ class _Loader:
         if not any(all(r.labels.get(a) == lab for a, lab in out.items()) for r in runs):
             raise self.w.error("baseline", f"no run has {out}", "choose labels some run has")
         return out
+
+
+def written_config(compact: dict[str, Any], config_path: str) -> dict[str, Any]:
+    """The config file's content: the study's repository paths in `inherit:` become paths
+    from the config's own folder, as the config loader reads them."""
+    out = copy.deepcopy(compact)
+    inherit = out.get("inherit")
+    here = os.path.dirname(config_path) or "."
+
+    def rel(p: Any) -> str:
+        return Path(os.path.relpath(str(p), here)).as_posix()
+
+    if isinstance(inherit, str):
+        out["inherit"] = rel(inherit)
+    elif isinstance(inherit, list):
+        out["inherit"] = [rel(p) for p in inherit]
+    elif isinstance(inherit, dict):
+        out["inherit"] = {k: rel(p) for k, p in inherit.items()}
+    return out
 
 
 def _entry_rows(entry: Entry) -> list[tuple[tuple[str, str], ...]]:
