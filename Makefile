@@ -59,14 +59,14 @@ test-quick: venv
 test-faults: venv
 	PRETRAIN_FAULT_MATRIX=full $(PY) -m pytest -q -n $(TEST_WORKERS) --dist load tests/test_train_faults.py
 
-# The GPU acceptance run (docs/performance.md, "Measured on a GPU"): the stages not done yet
+# The GPU acceptance run (docs/gpu_check.md): the stages not done yet
 # that fit in one 10-minute command; run it again until it says all done (exit 75 = stages
 # left, not an error). GPU_CHECK_ARGS: e.g. --science, --stage kernels, --fresh, --cpu-smoke.
 gpu-check: venv
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS) || test $$? -eq 75
 
 # For a GPU machine without a package index (its image has torch): the wheels gpu-check
-# needs beyond the image, into .whl/ (docs/performance.md, "A loan on these machines").
+# needs beyond the image, into .whl/ (docs/gpu_check.md, "A loan on these machines").
 gpu-wheels: venv
 	$(PY) requirements/envs.py offline-wheels
 

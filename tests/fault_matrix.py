@@ -1,5 +1,5 @@
 """The training step in every setting it accepts, against every numeric fault: the cells,
-what each must end as (docs/training.md, "Faults in every setting"), and a runner.
+what each must end as (docs/spikes.md, "Faults in every setting"), and a runner.
 
 A cell is one setting (precision and accumulation dtype, ZeRO stage, gradient accumulation,
 where in a logging window the fault falls, the spike mitigation, 1 or 2 ranks) and one fault
@@ -301,7 +301,7 @@ def problems(cell: Cell, seen: dict[str, Any]) -> list[str]:
 
 
 def outcome_table() -> str:
-    """docs/training.md's table of outcomes, from `expected` (every cell of a row of the
+    """docs/spikes.md's table of outcomes, from `expected` (every cell of a row of the
     matrix ends the same way whatever its accumulation, position, ranks and precision
     within a column: the table says so only because `expected` does, and the cells hold
     `expected` to every run)."""

@@ -168,7 +168,7 @@ def test_every_config_in_configs_exports():
         counts[target] = counts.get(target, 0) + 1
         assert (target != REMOTE) == holds_natively(cfg), path
     # every config exports: 36 native (32 Llama, 3 GPT-NeoX, 1 Qwen3) and 41 remote code, as
-    # README.md and docs/model.md say (a new config updates them)
+    # docs/hf.md says (a new config updates it)
     assert counts == {"llama": 32, "gpt_neox": 3, "qwen3": 1, REMOTE: 41}, counts
     assert len(CONFIG_FILES) == 77
 

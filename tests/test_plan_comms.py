@@ -224,7 +224,7 @@ def test_the_ring_times_follow_the_bus_bandwidth_formulas():
 @pytest.mark.parametrize("gpus, low, high", [(8, 365, 370), (16, 330, 480), (32, 330, 380)])
 def test_the_models_bus_bandwidth_is_in_the_published_measurements(gpus, low, high):
     """nccl-tests all-reduce bus bandwidth at 8 GiB (ring, no SHARP): 365-370 GB/s on one
-    8 x H100/H200 node; 330-380 GB/s on 2-4 nodes with 8 x 400 Gb/s (docs/performance.md cites
+    8 x H100/H200 node; 330-380 GB/s on 2-4 nodes with 8 x 400 Gb/s (docs/scaling.md cites
     each); the model's busbw = algbw x 2(n-1)/n."""
     size = 8 * 2**30
     busbw = size / HOPPER_IB.time("all_reduce", size, gpus) * 2 * (gpus - 1) / gpus
@@ -462,7 +462,7 @@ def test_deepspeeds_running_totals_become_each_calls_time():
 
 
 def test_the_docs_scaling_table_and_collectives_are_the_codes():
-    """docs/performance.md's paper scaling table is what `tools/plan.py --paper-scaling --mfu
+    """docs/scaling.md's paper scaling table is what `tools/plan.py --paper-scaling --mfu
     0.45` prints, and its Llama-1B step on 32 GPUs lists the plan's collectives."""
     from pathlib import Path
 
@@ -471,11 +471,11 @@ def test_the_docs_scaling_table_and_collectives_are_the_codes():
     from pretrain.study.spec import load_study
 
     repo = Path(__file__).resolve().parents[1]
-    doc = (repo / "docs" / "performance.md").read_text()
+    doc = (repo / "docs" / "scaling.md").read_text()
     runs = load_study(repo / "studies" / "partial_rope.yaml").runs
     results = paper_scaling([repo / r.config_path for r in runs], GPUS["h200"], HOPPER_IB, 0.45)
     for row in scaling_table(results).splitlines():
-        assert row in doc, f"docs/performance.md's scaling table is stale; expected\n{row}"
+        assert row in doc, f"docs/scaling.md's scaling table is stale; expected\n{row}"
     paper = load_config("configs/paper/llama1b_rope10.yaml")
     for c in step_collectives(paper, 32) + trainer_collectives(paper, 32):
         assert f"{c.op:<23} {c.size:>15,} B x {c.calls:<3}" in doc, c

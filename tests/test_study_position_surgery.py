@@ -1,4 +1,4 @@
-"""studies/position_surgery.yaml, the worked example of docs/studies.md ("A worked example:
+"""studies/position_surgery.yaml, the worked example of docs/surgery.md ("Worked example:
 position surgery"): 2 full-RoPE base runs, 4 position encodings continued from them and the
 same 4 from scratch, two seeds each. Each continued run starts from the base run of its own
 seed at that run's last step (a rule keyed on train.seed: the rules see the run's seed),

@@ -1,6 +1,6 @@
-"""studies/positions_example.yaml, the worked example of docs/evaluation.md ("Position
-encodings compared"): it validates and expands into 5 position encodings x 2 seeds on the
-quickstart's model, each run differing from full RoPE only in its position fields, and the
+"""studies/positions_example.yaml, the worked example of docs/length_generalisation.md
+("Worked example: five position encodings compared"): it validates and expands into 5
+position encodings x 2 seeds on the quickstart's model, each run differing from full RoPE only in its position fields, and the
 NoPE arm's every-4th layer exists in the quickstart's 4 layers."""
 
 from __future__ import annotations

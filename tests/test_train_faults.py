@@ -1,6 +1,6 @@
 """The training step in every setting it accepts, against every numeric fault
 (tests/fault_matrix.py): each cell trains to its end and resumes, with the bad step visible
-in metrics.jsonl and TensorBoard, ending as docs/training.md's table says.
+in metrics.jsonl and TensorBoard, ending as docs/spikes.md's table says.
 
 `make test` runs a sample that holds every value of every axis (fault_matrix.sample_cells);
 `make test-faults` (and CI) the whole matrix, PRETRAIN_FAULT_MATRIX=full. Cells run in
@@ -96,7 +96,7 @@ def test_the_matrix_is_every_accepted_setting():
 
 
 def test_the_docs_table_is_the_rules():
-    doc = (REPO / "docs" / "training.md").read_text()
+    doc = (REPO / "docs" / "spikes.md").read_text()
     table = doc.split("<!-- fault-outcomes -->\n")[1].split("\n<!-- /fault-outcomes -->")[0]
     assert table == fault_matrix.outcome_table()
     assert f"{len(fault_matrix.all_cells()):,} cells" in doc

@@ -32,7 +32,7 @@ from pretrain.train.watchdog import Watchdog, ranks_text
 
 TIMEOUT, LONG = 3.0, 8.0  # train.hang_timeout, train.hang_timeout_long
 POLL = TIMEOUT / 10  # the watchdog's poll at this timeout (Watchdog.poll)
-MARGIN = 3 * POLL + 2.0  # docs/training.md, "Hangs and stragglers": detection + reports + exit
+MARGIN = 3 * POLL + 2.0  # docs/hangs.md, "Detection time": detection + reports + exit
 SAVE_PAUSE = 4.5  # the step-3 save: longer than TIMEOUT, shorter than LONG
 SLOW = 0.3  # rank 1's delay at steps 2-3
 

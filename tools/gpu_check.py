@@ -2,7 +2,7 @@
 """The GPU acceptance run (`make gpu-check`); `--cpu-smoke` runs its code on CPU.
 
 The program is pretrain/cli/gpu_check.py (the stages: pretrain/gpucheck/); see
-docs/performance.md, "Measured on a GPU".
+docs/gpu_check.md.
 """
 
 import sys

@@ -13,7 +13,7 @@ one 10-minute command), writes runs/gpu_check/<date>_<gpu>/results.json and resu
 and prints a summary that flags every figure more than 5% off the planner's or the docs'
 expectation. Exit codes: 0 all done and ok, 1 a stage failed (or the smoke's schema is
 wrong), 2 a user error, 75 stages left: run the same command again.
-The stages and their budgets: `--list`, and docs/performance.md ("Measured on a GPU").
+The stages and their budgets: `--list`, and docs/gpu_check.md.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--update-docs",
         action="store_true",
-        help="write the tables into docs/performance.md between its gpu-check markers "
+        help="write the tables into docs/gpu_check.md between its gpu-check markers "
         "(GPU results only)",
     )
     p.add_argument(

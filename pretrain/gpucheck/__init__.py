@@ -1,6 +1,6 @@
 """The GPU acceptance run: `make gpu-check` (tools/gpu_check.py, pretrain/cli/gpu_check.py).
 
-Everything docs/performance.md claims about a GPU is derived on CPU (memory traced on fake
+Everything the docs claim about a GPU is derived on CPU (memory traced on fake
 tensors, FLOPs counted, the attention kernel from documented constraints, speed as ratios
 on CPU). This package measures those claims on one GPU in stages that each fit in one
 10-minute command, and flags every figure more than 5% off:

@@ -1,5 +1,5 @@
-"""results.json as markdown (results.md, and the "Measured on a GPU" section of
-docs/performance.md between its markers) and as the console summary: every stage's state
+"""results.json as markdown (results.md, and the tables of
+docs/gpu_check.md between its markers) and as the console summary: every stage's state
 and time against its budget, every check, the flagged ones marked.
 """
 

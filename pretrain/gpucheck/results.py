@@ -1,6 +1,6 @@
 """The results folder of a GPU check: one results.json (every stage's tables and checks, written
 atomically after each stage, so a later call resumes where this one stopped), results.md (the
-tables, for docs/performance.md) and the schema both modes must fill.
+tables, for docs/gpu_check.md) and the schema both modes must fill.
 
     runs/gpu_check/<date>_<gpu>/results.json    {"meta": {...}, "stages": {NAME: result}}
     runs/gpu_check/<date>_<gpu>/results.md      the markdown tables and the flagged figures

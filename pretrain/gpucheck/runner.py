@@ -31,7 +31,7 @@ from pretrain.run_layout import atomic_write
 from pretrain.train.deepspeed_adapter import quiet_logs
 
 SMOKE_SHARE = 0.05  # a stage's smoke takes at most this share of its GPU budget
-DOCS = REPO / "docs" / "performance.md"
+DOCS = REPO / "docs" / "gpu_check.md"
 
 
 @dataclass
@@ -238,7 +238,7 @@ def _write_docs(data: dict, stages: list[Stage], log) -> None:
     if data.get("meta", {}).get("mode") != "gpu":
         raise UserError("--update-docs takes the results of a GPU run, not of --cpu-smoke")
     update_docs(DOCS, markdown(data, stages))
-    log(f"wrote the 'Measured on a GPU' section of {DOCS.relative_to(REPO)}")
+    log(f"wrote the tables of {DOCS.relative_to(REPO)}")
 
 
 def _report(opts: Options, stages: list, log) -> int:

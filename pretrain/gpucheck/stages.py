@@ -4,7 +4,7 @@ The order is what a GPU window most needs measured first: the cheap confirmation
 device (numerics, the attention kernel), the GPU tests, the headline speed (llama1b eager
 and compiled: MFU), our step against its peers at both paper shapes, then the memory plan's
 checks. Budgets are about 1.5x the longest time each stage took on the H100 and H200 loans
-(docs/performance.md, "Measured on a GPU"), or an estimate, derived beside it, for a stage
+(docs/gpu_check.md), or an estimate, derived beside it, for a stage
 not yet measured in its present form. A stage that overruns its budget is reported.
 """
 
