@@ -1,24 +1,14 @@
-"""The run config: one schema of typed sections, YAML loading with `inherit:` and `--set`.
-
-Each section is a pydantic model declared beside its feature (pretrain/model/config.py,
-pretrain/data/config.py, pretrain/train/config.py, pretrain/eval/config.py); `Config` puts
-them together and holds the few rules across sections. What the file alone decides (types,
-bounds, divisibility, seeds, task names) is checked wherever a config is read, here; what
-needs this machine (a GPU for fp8, a compiler, paths, installed packages) is
-pretrain/preflight.py's, called by the programs at start and never when a study is planned.
-Every refusal is a `ConfigError`: one line naming the key and the fix.
-
-The JSON Schema of a run config (`Config.model_json_schema()`, written by
-tools/config_schema.py) gives an editor validation and completion; docs/configuration.md's
-field tables are generated from the same descriptions.
-"""
+"""The run config: the sections (pretrain/*/config.py) put together with their rules across
+sections, YAML loading with `inherit:` and `--set`, dotted keys. What the file alone decides
+is checked wherever a config is read; what needs this machine (a GPU for fp8, a compiler,
+paths) is pretrain/preflight.py's, called at start, never when a study is planned."""
 
 from __future__ import annotations
 
 import argparse
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import yaml
 from pydantic import Field, model_validator
@@ -32,7 +22,7 @@ from pretrain.schema import (
     Section,
     did_you_mean,
     from_dict,
-    section_of,
+    sections,
     to_dict,
     yaml_keys,
 )
@@ -50,28 +40,18 @@ from pretrain.train.config import (
 
 
 class Config(Section):
-    """One training run. YAML sections map to these fields; see docs/configuration.md."""
+    """One training run: YAML sections map to these fields (docs/configuration.md)."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
-    """The transformer (pretrain/model/config.py)."""
     data: DataConfig = Field(default_factory=DataConfig)
-    """What to train on (pretrain/data/config.py)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    """AdamW."""
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
-    """The learning-rate schedule."""
     train: TrainConfig = Field(default_factory=TrainConfig)
-    """The step: batches, precision, ZeRO, seed, compile, FP8."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    """Saving, resuming, starting from other weights."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    """The run folder and what is logged."""
     spikes: SpikesConfig = Field(default_factory=SpikesConfig)
-    """Loss-spike detection and mitigation."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
-    """Weights & Biases."""
     downstream: DownstreamConfig = Field(default_factory=DownstreamConfig)
-    """In-loop downstream evaluation (pretrain/eval/config.py)."""
     callbacks: list[dict[str, Any]] = Field(default_factory=list)
     """Your own callbacks (docs/training.md, "Callbacks"): each entry names a class by its dotted path under `class:`; the other keys go to its constructor."""
 
@@ -103,10 +83,8 @@ class Config(Section):
                     f"train.hang_timeout (seconds)"
                 )
         ds = t.deepspeed
-        writer = (ds.get("checkpoint") or {}).get("writer") or (ds.get("datastates") or {}).get(
-            "enabled"
-        )
-        if self.checkpoint.async_ and writer:
+        writer = (ds.get("checkpoint") or {}).get("writer")
+        if self.checkpoint.async_ and (writer or (ds.get("datastates") or {}).get("enabled")):
             raise ConfigError(
                 "checkpoint.async=true needs DeepSpeed's default checkpoint engine; remove "
                 "train.deepspeed's checkpoint.writer (or datastates), or set checkpoint.async=false"
@@ -133,13 +111,8 @@ def grad_accum_steps(cfg: Config, world_size: int) -> int:
     if t.global_batch_size % per_step:
         lo = max(per_step, t.global_batch_size // per_step * per_step)
         # A resumed run must keep its global batch: say which world sizes can hold it.
-        fits = world_sizes_for(t.global_batch_size, t.micro_batch_size)
-        holds = (
-            f"; with this micro batch, world sizes that can hold it: "
-            f"{', '.join(map(str, fits[:12]))}"
-            if fits
-            else ""
-        )
+        fits = ", ".join(map(str, world_sizes_for(t.global_batch_size, t.micro_batch_size)[:12]))
+        holds = f"; with this micro batch, world sizes that can hold it: {fits}" if fits else ""
         raise ConfigError(
             f"train.global_batch_size={t.global_batch_size} is not divisible by "
             f"train.micro_batch_size={t.micro_batch_size} x world size {world_size} = {per_step}; "
@@ -175,28 +148,25 @@ def check_key(key: str) -> None:
     parts = key.split(".")
     if not all(parts):
         raise ConfigError(f"{key!r} is not a dotted config key (e.g. train.seq_len)")
-    sections = list(yaml_keys(Config))
+    top = list(yaml_keys(Config))
     if parts[0] == "inherit":
-        if len(parts) > 2 or (len(parts) == 2 and parts[1] not in sections):
-            raise ConfigError(f"{key}: inherit takes a file per section ({', '.join(sections)})")
+        if len(parts) > 2 or (len(parts) == 2 and parts[1] not in top):
+            raise ConfigError(f"{key}: inherit takes a file per section ({', '.join(top)})")
         return
-    cls: type[Section] | None = Config
+    known = {"": Config, **sections(Config)}  # a list's items ("spikes.faults[]") are values
     for i, part in enumerate(parts):
-        if cls is None:  # the key goes on below a plain value
-            raise ConfigError(f"{key}: {'.'.join(parts[:i])} is a value, not a section")
-        fields = yaml_keys(cls)
         where = ".".join(parts[:i])
+        if where not in known:  # the key goes on below a plain value
+            raise ConfigError(f"{key}: {where} is a value, not a section")
+        fields = yaml_keys(known[where])
         if part not in fields:
             hint = did_you_mean(part, fields, f"{where}." if where else "")
             raise ConfigError(
                 f"unknown config key {key}{hint}; known keys of {where or 'the config'}: "
                 f"{', '.join(fields)}"
             )
-        annotation = cls.model_fields[fields[part]].annotation
-        if annotation is Any or getattr(annotation, "__origin__", None) is dict:
+        if get_origin(known[where].model_fields[fields[part]].annotation) is dict:
             return  # a free mapping (train.deepspeed): any key below it
-        inner = section_of(annotation)
-        cls = inner if inner is not None and "list" not in str(annotation) else None
 
 
 def get_key(data: dict[str, Any], key: str) -> tuple[bool, Any]:
@@ -211,15 +181,13 @@ def get_key(data: dict[str, Any], key: str) -> tuple[bool, Any]:
 
 def set_key(data: dict[str, Any], key: str, value: Any) -> None:
     """Set a dotted key in place: an existing key keeps its position, a new one goes last."""
-    parts = key.split(".")
+    *path, last = key.split(".")
     node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
+    for part in path:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
 
 
 # ----------------------------------------------------------------------------- loading
@@ -229,10 +197,9 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`over` on `base`, mappings merged key by key; anything else (a list) replaced whole."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = v
+        out[k] = (
+            deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
@@ -319,8 +286,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 def load_model_config(path: str | Path, overrides: list[str] | None = None) -> ModelConfig:
     """Load a model preset (a YAML of model fields only), e.g. configs/models/llama1b.yaml."""
     data = load_yaml(path)
-    if "model" in data and isinstance(data["model"], dict):
-        data = data["model"]
+    data = data["model"] if isinstance(data.get("model"), dict) else data
     return from_dict(ModelConfig, apply_overrides(data, overrides or []), "model")
 
 

@@ -1,12 +1,8 @@
-"""What a run needs of this machine, checked when a program starts, before anything is built.
-
-The config's own rules (types, bounds, divisibility, task names) are checked wherever a
-config is read (pretrain/config.py); these need the machine the run starts on: the world
-size of the launch, the data and weights on this filesystem, a GPU with fp8, a C++ compiler
-for torch.compile on CPU, wandb installed, the downstream tasks' data. The training program
-calls `preflight` at start; `tools/study.py plan|write|submit` never does, so a GPU study
-plans and submits from a CPU login node, and the same run is refused at start on a CPU node
-in one line. Every refusal is a `ConfigError` naming the field and the fix.
+"""What a run needs of this machine, checked when a program starts, before anything is built:
+the launch's world size, the data and weights on this filesystem, a GPU with fp8, a C++
+compiler for torch.compile on CPU, wandb, the downstream tasks' data. A study never calls it,
+so a GPU study plans and submits from a CPU login node; the same run started on a CPU node is
+refused in one line (a `ConfigError` naming the field and the fix).
 """
 
 from __future__ import annotations
@@ -27,19 +23,14 @@ FP8_CAPABILITY = (8, 9)  # the first compute capability with fp8 tensor cores (A
 
 def preflight(cfg: Config, world_size: int, check_data: bool = True) -> None:
     """Every check of `cfg` against this machine and launch; `check_data=False` skips the
-    data (in-memory data). The `callbacks:` entries are checked where they are built
-    (pretrain/train/callbacks/__init__.py), before the run starts too."""
+    data (in-memory data). `callbacks:` are checked where they are built, before the run too."""
     check_world_size(cfg, world_size)
     # What this machine is first (a study's GPU run started on a CPU node), then its files.
     check_fp8(cfg)
     check_compile(cfg)
     check_wandb(cfg)
-    for key, path in (
-        ("logging.run_dir", cfg.logging.run_dir),
-        ("checkpoint.dir", cfg.checkpoint.dir),
-    ):
-        if path:
-            check_folder_path(key, Path(path))
+    check_folder_path("logging.run_dir", cfg.logging.run_dir)
+    check_folder_path("checkpoint.dir", cfg.checkpoint.dir)
     if check_data:
         if not cfg.data.train:
             raise ConfigError(
@@ -54,8 +45,11 @@ def preflight(cfg: Config, world_size: int, check_data: bool = True) -> None:
     check_downstream_data(cfg)
 
 
-def check_folder_path(key: str, path: Path) -> None:
-    """A folder the run creates: neither it nor a folder above it may be an existing file."""
+def check_folder_path(key: str, folder: str | None) -> None:
+    """A folder the run creates (when set): neither it nor one above it may be an existing file."""
+    if not folder:
+        return
+    path = Path(folder)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             where = "" if p == path else f", above {path}"
@@ -87,10 +81,9 @@ def check_fp8(cfg: Config) -> None:
 
 
 def check_compile(cfg: Config) -> None:
-    """`train.compile: true` runs the model through torch.compile (inductor). Refuse it where
-    it could only fail minutes later inside the first step: a Python torch.compile does not
-    support, or a CPU-only machine without the C++ compiler inductor builds CPU kernels with.
-    `auto` is never refused: it stays eager where compiling cannot work (resolve_compile)."""
+    """Refuse `train.compile: true` where it would fail minutes later in the first step: no
+    torch.compile on this Python, or no C++ compiler for inductor's CPU kernels. `auto` is never
+    refused: it stays eager where compiling cannot work."""
     if cfg.train.compile is not True:
         return
     import torch

@@ -1,46 +1,31 @@
 """The base of the config schema: a typed `Section`, the field types, and one-line errors.
 
-Every config section is a pydantic model declared beside its feature (pretrain/model/config.py,
-pretrain/data/config.py, pretrain/train/config.py, pretrain/eval/config.py; the study file's
-in pretrain/study/). Pydantic checks types, bounds and unknown keys and runs each section's
-validators; this module turns its report into the toolkit's one line, `KEY=VALUE <problem>;
-<fix>`, with did-you-mean for an unknown key, so a typo in a 100-GPU job fails in the first
-second with a message a user can act on.
+Pydantic checks each section (pretrain/*/config.py, pretrain/study/); its report becomes one
+line, `KEY=VALUE <problem>`, with did-you-mean for an unknown key. Our field types are where
+YAML and pydantic's lax mode disagree with a user: `Int` (no bools or strings; 3.0 is 3),
+`Float` (no bools; YAML 1.1 reads `4e-4` as a string; NaN refused), `Bool` (never "yes" or 1).
 
-Field types are pydantic's, with three of our own where YAML and pydantic's lax mode disagree
-with what a user means: `Int` (no bools or strings; 3.0 is 3), `Float` (no bools; YAML 1.1
-reads `4e-4` as a string, which is read as the number; NaN refused) and `Bool` (true or false
-only, never "yes" or 1); and two kinds built on them: `Seconds` (finite, >= 0) and
-`int_choice(0, 1, 2)` (an `Int` among a few).
-
-A rule of one field is a constraint of the field itself (`Field(gt=0)`, `ge=`/`le=`/`lt=`, a
-`Literal`), never a validator, so that the JSON Schema an editor checks a file against
-(tools/config_schema.py) refuses what the loader refuses; validators hold the rules across
-fields. Its error reads `KEY=VALUE must be > 0`, `... must be in [0, 1]` or `... is not
-allowed; use one of ...`, ending with the field's `Hint` where it has one:
+A rule of one field is a constraint of the field (`Field(gt=0)`, a `Literal`), never a
+validator, so that the JSON Schema (tools/config_schema.py) refuses what the loader refuses;
+validators hold the rules across fields. A field's `Hint` ends its error:
 `grad_clip: Annotated[Float, Hint("0 = no clipping")] = Field(1.0, ge=0)` gives
 `optim.grad_clip=-1 must be >= 0 (0 = no clipping)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import difflib
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
 import annotated_types
-from pydantic import (
-    AllowInfNan,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    StrictBool,
-    ValidationError,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 from pydantic.fields import FieldInfo
 
 from pretrain.errors import UserError
@@ -55,19 +40,15 @@ class ConfigError(UserError, ValueError):
 def _integer(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("must be an integer")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError("must be an integer")
-        return int(value)
-    return value
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError("must be an integer")
+    return int(value)
 
 
 def _number(value: Any) -> Any:
     if isinstance(value, str):  # YAML 1.1 reads 4e-4 (no dot) as a string
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            raise ValueError("must be a number") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("must be a number")
     if math.isnan(value):
@@ -78,12 +59,12 @@ def _number(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_integer)]
 Float = Annotated[float, BeforeValidator(_number)]
 Bool = StrictBool
-Seconds = Annotated[float, BeforeValidator(_number), annotated_types.Ge(0), AllowInfNan(False)]
+Seconds = Annotated[float, BeforeValidator(_number), Field(ge=0, allow_inf_nan=False)]
 """A duration in seconds: a finite number >= 0."""
 
 
 def int_choice(*choices: int) -> Any:
-    """An `Int` that must be one of `choices` (an `enum` in the JSON Schema): `int_choice(0, 1, 2)`."""
+    """An `Int` among `choices` (an `enum` in the JSON Schema)."""
     return Annotated[Literal[choices], BeforeValidator(_integer)]  # type: ignore[valid-type]
 
 
@@ -95,15 +76,9 @@ class Hint:
     text: str
 
 
-# Pydantic writes a bound it cannot put on the inner type (a field `X | None`, a list's items,
-# a union's member: wherever our BeforeValidator wraps it) under its own name, `ge`, which a
-# JSON Schema validator ignores; these are the JSON Schema keywords.
-_JSON_BOUNDS = {
-    "ge": "minimum",
-    "gt": "exclusiveMinimum",
-    "le": "maximum",
-    "lt": "exclusiveMaximum",
-}
+# Pydantic writes a bound it cannot put on the inner type (wherever our BeforeValidator wraps
+# it: `X | None`, a list's items) under its own name, `ge`, which JSON Schema ignores.
+_JSON_BOUNDS = dict(ge="minimum", gt="exclusiveMinimum", le="maximum", lt="exclusiveMaximum")
 
 
 def _json_bounds(node: Any) -> None:
@@ -113,14 +88,12 @@ def _json_bounds(node: Any) -> None:
             for ours, theirs in _JSON_BOUNDS.items():
                 if ours in node:
                     node[theirs] = node.pop(ours)
-        for value in node.values():
-            _json_bounds(value)
-    elif isinstance(node, list):
-        for value in node:
-            _json_bounds(value)
+        node = list(node.values())
+    for value in node if isinstance(node, list) else ():
+        _json_bounds(value)
 
 
-_Self = TypeVar("_Self", bound="Section")
+S = TypeVar("S", bound=BaseModel)
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("section_depth", default=0)
 
 
@@ -128,8 +101,7 @@ class Section(BaseModel):
     """A config section: unknown keys refused, each field's description its docstring.
 
     `key` is where the section sits in a run config ("model", "train"), the prefix of its
-    errors. Building one directly (`ModelConfig(n_heads=5)`) raises `ConfigError` like
-    loading a file does.
+    errors. Building one directly (`ModelConfig(n_heads=5)`) raises `ConfigError` too.
     """
 
     model_config = ConfigDict(
@@ -154,20 +126,16 @@ class Section(BaseModel):
         finally:
             _depth.reset(token)
 
-    def replace(self: _Self, **changes: Any) -> _Self:
+    def replace(self: S, **changes: Any) -> S:
         """A copy with `changes`, validated as a new section (pydantic's model_copy is not)."""
         cls = type(self)
-        # By YAML key (`head_dim`, `async`), whether a change names the key or the field.
+        # By YAML key (`async`), whether a change names the key or the field.
         keyed = {yaml_key(cls, k) if k in cls.model_fields else k: v for k, v in changes.items()}
         return cls(**{**self.model_dump(by_alias=True), **keyed})
 
 
-S = TypeVar("S", bound=BaseModel)
-
-
 def validate_section(cls: type[S], data: Any) -> S:
-    """`cls.model_validate(data)`, pydantic's ValidationError left as it is (for callers that
-    word it their own way; `from_dict` words it as a ConfigError)."""
+    """`cls.model_validate(data)` raising pydantic's ValidationError (`from_dict` words it)."""
     token = _depth.set(_depth.get() + 1)
     try:
         return cls.model_validate(data)
@@ -201,15 +169,35 @@ def to_dict(obj: Any) -> Any:
 # ----------------------------------------------------------------------------- errors
 
 
+def _first(tp: Any, pick: Callable[[Any], Any]) -> Any:
+    """`pick(part)` of the first part of an annotation (itself, then its arguments, depth
+    first) for which it is not None."""
+    found = pick(tp)
+    for arg in get_args(tp) if found is None else ():
+        found = _first(arg, pick)
+        if found is not None:
+            break
+    return found
+
+
 def section_of(annotation: Any) -> type[BaseModel] | None:
     """The section an annotation holds (`X`, `X | None`, `list[X]`), else None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        found = section_of(arg)
-        if found is not None:
-            return found
-    return None
+    return _first(
+        annotation, lambda t: t if isinstance(t, type) and issubclass(t, BaseModel) else None
+    )
+
+
+def sections(model: type[BaseModel], prefix: str = "") -> dict[str, type[BaseModel]]:
+    """Every section below `model`, by its dotted key: model, model.rope_scaling, spikes.faults[]
+    (a list's items)."""
+    out: dict[str, type[BaseModel]] = {}
+    for name, f in model.model_fields.items():
+        inner = section_of(f.annotation)
+        if inner is not None:
+            key = f"{prefix}{yaml_key(model, name)}" + ("[]" if "list" in str(f.annotation) else "")
+            out[key] = inner
+            out.update(sections(inner, key + "."))
+    return out
 
 
 def did_you_mean(word: str, choices: Any, prefix: str = "") -> str:
@@ -239,22 +227,9 @@ def type_name(tp: Any) -> str:
         return " or ".join(map(repr, get_args(tp)))
     if origin in (list, tuple):
         return "a list"
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return "a mapping"
-    if origin is dict:
+    if origin is dict or (isinstance(tp, type) and issubclass(tp, BaseModel)):
         return "a mapping"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _literal_choices(tp: Any) -> tuple[Any, ...]:
-    """The choices of the first Literal in an annotation (`Literal[...]`, `list[Literal]`)."""
-    if get_origin(tp) is Literal:
-        return get_args(tp)
-    for arg in get_args(tp):
-        found = _literal_choices(arg)
-        if found:
-            return found
-    return ()
 
 
 def admits_none(tp: Any) -> bool:
@@ -267,11 +242,8 @@ _PROBLEMS = {
     "float": "must be a number",
     "finite": "must be a finite number",
     "string": "must be a string",
-    "list": "must be a list",
-    "tuple": "must be a list",
-    "set": "must be a list",
-    "dict": "must be a mapping",
-    "model": "must be a mapping",
+    **dict.fromkeys(("list", "tuple", "set"), "must be a list"),
+    **dict.fromkeys(("dict", "model"), "must be a mapping"),
 }
 _BOUNDS = {
     "greater_than": ">",
@@ -281,25 +253,23 @@ _BOUNDS = {
 }
 
 # Keys that moved, old -> new: a config using the old name gets told the new one.
-MOVED = {"logging.spike_window": "spikes.window", "logging.spike_threshold": "spikes.threshold"}
+_MOVED = {"logging.spike_window": "spikes.window", "logging.spike_threshold": "spikes.threshold"}
 
 
 def _number_text(x: Any) -> str:
     """A bound as a user writes it: 0, not 0.0; 1e-08 as 1e-08."""
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
-        return str(int(x))
-    return str(x)
+    return str(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else str(x)
 
 
 def field_bounds(info: FieldInfo | None) -> dict[str, Any]:
     """A field's own bounds, {'>=': 0, '<': 1} (not those of its items or union members)."""
-    out: dict[str, Any] = {}
-    for m in info.metadata if info is not None else ():
-        for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-            value = getattr(m, attr, None)
-            if isinstance(m, annotated_types.BaseMetadata) and value is not None:
-                out[op] = value
-    return out
+    return {
+        op: getattr(m, attr)
+        for m in (info.metadata if info is not None else ())
+        if isinstance(m, annotated_types.BaseMetadata)
+        for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+        if getattr(m, attr, None) is not None
+    }
 
 
 def bounds_text(bounds: dict[str, Any]) -> str:
@@ -313,12 +283,6 @@ def bounds_text(bounds: dict[str, Any]) -> str:
     return f"{one[0]} {_number_text(one[1])}" if one else ""
 
 
-def field_hint(info: FieldInfo | None) -> str:
-    """' (HINT)' for a field with a `Hint`, else ''."""
-    hints = [m.text for m in (info.metadata if info is not None else ()) if isinstance(m, Hint)]
-    return f" ({hints[0]})" if hints else ""
-
-
 def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> ConfigError:
     """Pydantic's first error as our one line: the dotted key, the value, the problem, the fix."""
     errors = e.errors(include_url=False)
@@ -330,30 +294,28 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
             key += f"[{part}]"
             continue
         fields = yaml_keys(section) if section is not None else {}
-        if part in fields:
-            parent = key
-            key = f"{key}.{part}" if key else str(part)
-            info = section.model_fields[fields[part]]  # type: ignore[union-attr]
-            annotation = info.annotation
-            section = section_of(annotation)
-        elif err["type"] == "extra_forbidden" and part == err["loc"][-1]:
-            parent = key
-            key = f"{key}.{part}" if key else str(part)
-        else:  # a union's member tag: the value fits none of the field's types
-            union = True
-            # ... unless it has the type of a member and is outside that member's bounds
+        unknown = err["type"] == "extra_forbidden" and part == err["loc"][-1]
+        if part not in fields and not unknown:
+            # A union's member tag: the value fits none of the field's types, unless it has
+            # the type of a member and is outside that member's bounds
             # (`activation_checkpointing: -1`): that member's error is the one to give.
             at = err["loc"][:depth]
             bound = [x for x in errors if x["type"] in _BOUNDS and x["loc"][:depth] == at]
-            if bound:
-                err, union = bound[0], False
+            err, union = (bound[0], False) if bound else (err, True)
             break
+        parent, key = key, f"{key}.{part}" if key else str(part)
+        if part in fields:
+            info = section.model_fields[fields[part]]  # type: ignore[union-attr]
+            annotation = info.annotation
+            section = section_of(annotation)
     value = err.get("input")
     kind = err["type"]
-    hint = field_hint(info)
+    hints = [m.text for m in (info.metadata if info is not None else ()) if isinstance(m, Hint)]
+    hint = f" ({hints[0]})" if hints else ""
+    null = " (or null)" if admits_none(annotation) else ""
     if kind == "extra_forbidden":
-        if key in MOVED:
-            return ConfigError(f"{key} is now {MOVED[key]}; rename it in your config")
+        if key in _MOVED:
+            return ConfigError(f"{key} is now {_MOVED[key]}; rename it in your config")
         known = list(yaml_keys(section)) if section is not None else []
         hint = did_you_mean(key.rpartition(".")[2], known, f"{parent}." if parent else "")
         return ConfigError(
@@ -361,8 +323,7 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
         )
     if union:
         return ConfigError(
-            f"{key}={value!r} has the wrong type; expected {type_name(annotation)}"
-            + (" (or null)" if admits_none(annotation) else "")
+            f"{key}={value!r} has the wrong type; expected {type_name(annotation)}{null}"
         )
     if kind == "value_error":
         cause = (err.get("ctx") or {}).get("error")
@@ -372,7 +333,7 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
     if kind == "missing":
         return ConfigError(f"{key} is missing; give it a value")
     if kind == "literal_error":
-        choices = _literal_choices(annotation)
+        choices = _first(annotation, lambda t: get_args(t) if get_origin(t) is Literal else None)
         expected = ", ".join(map(repr, choices)) if choices else err["ctx"]["expected"]
         return ConfigError(f"{key}={value!r} is not allowed; use one of {expected}{hint}")
     if kind in _BOUNDS:
@@ -385,10 +346,7 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
     if kind in ("too_short", "too_long"):
         return ConfigError(f"{key}={value!r} has the wrong number of items")
     problem = _PROBLEMS.get(kind.split("_")[0], err["msg"].lower())
-    null = " (or null)" if admits_none(annotation) else ""
-    if kind == "finite_number":
-        return ConfigError(f"{key}={value!r} {problem}{hint}")
-    return ConfigError(f"{key}={value!r} {problem}{null}")
+    return ConfigError(f"{key}={value!r} {problem}{hint if kind == 'finite_number' else null}")
 
 
 __all__ = [
@@ -397,7 +355,6 @@ __all__ = [
     "Float",
     "Hint",
     "Int",
-    "MOVED",
     "Seconds",
     "Section",
     "admits_none",
@@ -405,10 +362,10 @@ __all__ = [
     "config_error",
     "did_you_mean",
     "field_bounds",
-    "field_hint",
     "from_dict",
     "int_choice",
     "section_of",
+    "sections",
     "to_dict",
     "type_name",
     "validate_section",

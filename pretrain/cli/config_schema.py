@@ -3,13 +3,10 @@
     python tools/config_schema.py            # write schemas/*.schema.json and the docs' tables
     python tools/config_schema.py --check    # write nothing; exit 1 if any of them is stale
 
-The schema is the one place a field is declared (pretrain/config.py and the sections beside
-their features); everything here is generated from it. `schemas/config.schema.json` describes
-a run config, `schemas/model.schema.json` a model preset (configs/models/), and
-`schemas/study.schema.json` a study file (its `config:` is a run config). An editor with the
-YAML language server validates and completes a file against them (docs/configuration.md,
-"Editor support"). CI runs --check (tests/test_config_schema.py), and so does `make lint`, so
-neither the schemas nor the docs' tables can drift from the code.
+A field is declared once, in the sections beside their features; these files are generated
+from them: a run config's, a model preset's (configs/models/) and a study file's JSON Schema,
+which an editor with the YAML language server validates and completes a file against
+(docs/configuration.md, "Editor support"). `make lint` runs --check.
 """
 
 from __future__ import annotations
@@ -26,14 +23,7 @@ from pydantic_core import PydanticUndefined
 
 from pretrain.cli.errors import ArgumentParser, user_errors
 from pretrain.config import Config, ModelConfig
-from pretrain.schema import (
-    admits_none,
-    bounds_text,
-    field_bounds,
-    section_of,
-    type_name,
-    yaml_key,
-)
+from pretrain.schema import admits_none, bounds_text, field_bounds, sections, type_name, yaml_key
 from pretrain.study.file import StudyFile
 from pretrain.tables import pipe_table
 
@@ -54,82 +44,51 @@ INHERIT = {
 }
 
 
-def _schema(model: type[BaseModel], title: str, name: str) -> dict[str, Any]:
-    schema = model.model_json_schema(by_alias=True)
-    schema["properties"] = {"inherit": INHERIT, **schema["properties"]}
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"{name}.schema.json",
-        **schema,
-        "title": title,
-    }
+# schemas/NAME.schema.json: the model it describes, its title.
+PUBLISHED: dict[str, tuple[type[BaseModel], str]] = {
+    "config": (Config, "A run config of the pretraining toolkit"),
+    "model": (ModelConfig, "A model preset (configs/models/)"),
+    "study": (StudyFile, "A study file of the pretraining toolkit (studies/)"),
+}
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """File name under schemas/ -> its JSON Schema."""
-    run = _schema(Config, "A run config of the pretraining toolkit", "config")
-    study = StudyFile.model_json_schema(by_alias=True)
-    # A study's `config:` is a run config (or the path of one).
-    study["properties"]["config"] = {
-        "description": study["properties"]["config"].get("description", ""),
-        "anyOf": [{"type": "string"}, {"$ref": "config.schema.json"}],
-    }
-    return {
-        "config.schema.json": run,
-        "model.schema.json": _schema(ModelConfig, "A model preset (configs/models/)", "model"),
-        "study.schema.json": {
+    out = {}
+    for name, (model, title) in PUBLISHED.items():
+        schema = model.model_json_schema(by_alias=True)
+        props = schema["properties"]
+        if model is StudyFile:  # a study's `config:` is a run config (or the path of one)
+            props["config"] = {
+                "description": props["config"].get("description", ""),
+                "anyOf": [{"type": "string"}, {"$ref": "config.schema.json"}],
+            }
+        else:
+            schema["properties"] = {"inherit": INHERIT, **props}
+        out[f"{name}.schema.json"] = {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": "study.schema.json",
-            **study,
-            "title": "A study file of the pretraining toolkit (studies/)",
-        },
-    }
-
-
-def sections(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, type[BaseModel]]:
-    """Every section reachable from `model`, by its key: model, model.rope_scaling, ..."""
-    out: dict[str, type[BaseModel]] = {}
-    for name, f in model.model_fields.items():
-        inner = section_of(f.annotation)
-        if inner is None:
-            continue
-        key = f"{prefix}{yaml_key(model, name)}" + ("[]" if "list" in str(f.annotation) else "")
-        out[key] = inner
-        out.update(sections(inner, key + "."))
+            "$id": f"{name}.schema.json",
+            **schema,
+            "title": title,
+        }
     return out
 
 
 def _value(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return re.sub(r"e([+-])0*(\d)", r"e\1\2", repr(v)).replace("e+", "e")
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
-    return str(v)
+    """A default as YAML flow style reads it (null, true, [0.9, 0.95]), with 1e-8 for 1e-08."""
+    if isinstance(v, str):
+        return v
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", json.dumps(v)).replace("e+", "e")
 
 
 def field_table(model: type[BaseModel]) -> str:
-    """A section's markdown table: key, type (with its bounds), default, meaning (the field's
-    description)."""
+    """A section's markdown table: key, type (with its bounds), default, meaning."""
     rows = []
     for name, f in model.model_fields.items():
-        if f.default is not PydanticUndefined:
-            default = _value(f.default)
-        elif f.default_factory is not None:
-            default = _value(f.default_factory())  # type: ignore[call-arg]
-        else:
-            default = "required"
-        bounds = bounds_text(field_bounds(f))
-        kind = (
-            type_name(f.annotation)
-            + (f" {bounds}" if bounds else "")
-            + (" or null" if admits_none(f.annotation) else "")
-        )
+        default = f.get_default(call_default_factory=True)
+        default = "required" if default is PydanticUndefined else _value(default)
+        kind = " ".join(filter(None, [type_name(f.annotation), bounds_text(field_bounds(f))]))
+        kind += " or null" if admits_none(f.annotation) else ""
         meaning = (f.description or "").replace("\n", " ").replace("|", "\\|")
         rows.append([yaml_key(model, name), kind, default, meaning])
     return pipe_table(["key", "type", "default", "meaning"], rows)
@@ -137,7 +96,7 @@ def field_table(model: type[BaseModel]) -> str:
 
 def render_doc(text: str) -> str:
     """docs/configuration.md with every generated table replaced by the schema's."""
-    known = sections()
+    known = sections(Config)
     out, pos = [], 0
     for m in BEGIN.finditer(text):
         key = m.group(1)
@@ -160,13 +119,8 @@ def render_doc(text: str) -> str:
 
 def outputs(repo: Path = REPO) -> dict[Path, str]:
     """Every generated file -> its content."""
-    files = {
-        repo / SCHEMAS / name: json.dumps(schema, indent=2) + "\n"
-        for name, schema in json_schemas().items()
-    }
-    doc = repo / DOC
-    files[doc] = render_doc(doc.read_text())
-    return files
+    files = {repo / SCHEMAS / n: json.dumps(s, indent=2) + "\n" for n, s in json_schemas().items()}
+    return {**files, repo / DOC: render_doc((repo / DOC).read_text())}
 
 
 @user_errors
@@ -201,4 +155,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["field_table", "json_schemas", "main", "outputs", "render_doc", "sections"]
+__all__ = ["field_table", "json_schemas", "main", "outputs", "render_doc"]

@@ -1,12 +1,11 @@
-"""The `data:` section: what a run trains on (prepared indexed datasets, tools/prepare_data.py
-or Megatron/NeoX), how samples are read, and packed-document options."""
+"""The `data:` section (what a run trains on, how samples are read, packed documents), and the
+checks of its paths and vocabulary on this machine."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
 
-import annotated_types
 from pydantic import Field, model_validator
 
 from pretrain.schema import Bool, ConfigError, Float, Hint, Int, Section
@@ -20,7 +19,7 @@ class DataConfig(Section):
     train: list[str] = Field(default_factory=list)
     """prepared datasets: folders written by `tools/prepare_data.py` or megatron-core prefixes (PREFIX.bin + PREFIX.idx)"""
     train_weights: Annotated[
-        list[Annotated[Float, annotated_types.Ge(0)]] | None,
+        list[Annotated[Float, Field(ge=0)]] | None,
         Hint("blend weights: non-negative, with a positive sum"),
     ] = None
     """blend weights, one per `train` entry; null = proportional to their tokens"""
@@ -33,7 +32,7 @@ class DataConfig(Section):
     num_workers: Int = Field(1, ge=0)
     """DataLoader workers per rank"""
     read_mode: Literal["random", "readahead", "file"] = "random"
-    """how the .bin files are read: `random` (a memory map with `madvise(MADV_RANDOM)`: a sample reads its pages, not a read-ahead window; docs/performance.md), `readahead` (the plain map, as before), `file` (megatron-core's file reader)"""
+    """how the .bin files are read: `random` (a memory map with `madvise(MADV_RANDOM)`: a sample reads its pages, not a read-ahead window; docs/performance.md), `readahead` (a plain memory map: the kernel reads ahead), `file` (megatron-core's file reader)"""
     recipe: Literal["stdlib"] | None = None
     """`stdlib`: build `train[0]` from the installed Python standard library when it is missing (the quickstart)"""
     document_mask: Bool = False
@@ -64,22 +63,16 @@ class DataConfig(Section):
 # these at start, never a study on the machine that plans it.
 
 
-def _check_data_path(key: str, path: str) -> None:
-    p = Path(path)
-    if p.is_dir() or (Path(path + ".bin").is_file() and Path(path + ".idx").is_file()):
-        return
-    raise ConfigError(
-        f"{key}={path!r} not found: give a folder written by tools/prepare_data.py "
-        f"or a megatron-core prefix with PREFIX.bin and PREFIX.idx"
-    )
-
-
 def check_data_paths(data: DataConfig) -> None:
     """Every dataset of `data.train` and `data.valid` is on this machine."""
-    for i, p in enumerate(data.train):
-        _check_data_path(f"data.train[{i}]", p)
-    for i, p in enumerate(data.valid):
-        _check_data_path(f"data.valid[{i}]", p)
+    for key, paths in (("data.train", data.train), ("data.valid", data.valid)):
+        for i, path in enumerate(paths):
+            prefix = all(Path(path + x).is_file() for x in (".bin", ".idx"))
+            if not (Path(path).is_dir() or prefix):
+                raise ConfigError(
+                    f"{key}[{i}]={path!r} not found: give a folder written by "
+                    f"tools/prepare_data.py or a megatron-core prefix with PREFIX.bin and PREFIX.idx"
+                )
 
 
 def check_vocab(vocab_size: int, tokenizer_vocab_size: int) -> None:

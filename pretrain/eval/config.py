@@ -1,7 +1,6 @@
-"""The `downstream:` section: in-loop downstream evaluation (docs/evaluation.md, "In-loop
-downstream evaluation"), the offline tool's tasks scored by the training model between
-steps. The task names are checked here, against the offline task configs the package ships;
-where their data is on this machine (data_dir) is the preflight's (pretrain/preflight.py)."""
+"""The `downstream:` section: in-loop downstream evaluation (docs/evaluation.md), the offline
+tool's tasks scored between steps. Task names are checked here, against the task configs the
+package ships; their data on this machine (data_dir) is pretrain/preflight.py's."""
 
 from __future__ import annotations
 
@@ -10,11 +9,6 @@ from pydantic import Field, model_validator
 from pretrain.eval.tasks import TASKS_DIR, resolve_tasks
 from pretrain.eval.tasks.convert import EvalDataError
 from pretrain.schema import ConfigError, Int, Section
-
-
-def offline_tasks() -> list[str]:
-    """The tasks with an offline config in the package (pretrain/eval/tasks/NAME.yaml)."""
-    return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
 
 
 class DownstreamConfig(Section):
@@ -42,7 +36,7 @@ class DownstreamConfig(Section):
     def _check(self) -> DownstreamConfig:
         if not self.tasks:
             return self
-        offline = offline_tasks()
+        offline = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))  # tasks with local configs
         try:
             tasks = resolve_tasks(",".join(self.tasks))
         except EvalDataError as e:
@@ -56,4 +50,4 @@ class DownstreamConfig(Section):
         return self
 
 
-__all__ = ["DownstreamConfig", "offline_tasks"]
+__all__ = ["DownstreamConfig"]

@@ -1,16 +1,12 @@
 """The training sections: `optim:`, `schedule:`, `train:`, `checkpoint:`, `logging:`, `spikes:`
-and `wandb:`. A field's own bounds and choices are constraints of the field (so the JSON
-Schema has them too, pretrain/schema.py); each section's validators hold the rules across its
-fields; the rules across sections are pretrain/config.py's, and what needs this machine (a
-GPU for fp8, a compiler, paths) is pretrain/preflight.py's."""
+and `wandb:`. Rules across sections are pretrain/config.py's; the machine's, preflight.py's."""
 
 from __future__ import annotations
 
 import math
 from typing import Annotated, Any, Literal
 
-import annotated_types
-from pydantic import AllowInfNan, Field, model_validator
+from pydantic import Field, model_validator
 
 from pretrain.schema import Bool, ConfigError, Float, Hint, Int, Seconds, Section, int_choice
 
@@ -37,7 +33,7 @@ class OptimConfig(Section):
     decay_embeddings: Bool = True
     """apply weight decay to the token (and position) embeddings"""
     impl: Literal["auto", "fused", "foreach", "deepspeed"] = "auto"
-    """the AdamW behind DeepSpeed: `auto` = DeepSpeed's FusedAdam on CUDA, torch's fused AdamW elsewhere (foreach where fused is missing); `fused`, `foreach`, or `deepspeed` (the old single-tensor path on CPU)"""
+    """the AdamW behind DeepSpeed: `auto` = DeepSpeed's FusedAdam on CUDA, torch's fused AdamW elsewhere (foreach where fused is missing); `fused`, `foreach`, or `deepspeed` (DeepSpeed's own: FusedAdam on CUDA, a single-tensor loop on CPU)"""
 
 
 class ScheduleConfig(Section):
@@ -85,7 +81,7 @@ class TrainConfig(Section):
     eval_iters: Annotated[Int, Hint("0 = no evaluation")] = Field(10, ge=0)
     """global batches of validation data per evaluation (the same samples every time)"""
     activation_checkpointing: Annotated[
-        Bool | Annotated[Int, annotated_types.Ge(0)] | Literal["none", "full", "auto"],
+        Bool | Annotated[Int, Field(ge=0)] | Literal["none", "full", "auto"],
         Hint("a number of layers, 0 to model.n_layers"),
     ] = False
     """recompute blocks in the backward pass (less memory, more FLOPs): false/`none`, true/`full`, N = the first N blocks, or `auto` = the least recompute that fits the GPU, planned at start (docs/performance.md)"""
@@ -143,7 +139,7 @@ class CheckpointConfig(Section):
     resume: Bool = True
     """continue from the newest complete checkpoint when there is one"""
     verify: Literal["checksum", "size", "none"] = "checksum"
-    """before resuming, check the checkpoint's files against the sizes and CRC-32s its marker recorded (`size`: sizes only; `none`: trust them); a damaged one falls back to the previous; one whose marker lists no files (older code) is used with a warning (unverified)"""
+    """before resuming, check the checkpoint's files against the sizes and CRC-32s its marker recorded (`size`: sizes only; `none`: trust them); a damaged one falls back to the previous; one whose marker lists no files is used with a warning (unverified)"""
     init_from: str | None = None
     """Start a new run from another run's weights: RUN (its newest checkpoint), RUN@STEP, or a checkpoint/weights folder; fresh optimizer, schedule and data position. The model may differ in positions only."""
     async_: Bool = Field(False, alias="async")
@@ -170,13 +166,13 @@ class LoggingConfig(Section):
 
 
 RANK_FAULTS = ("hang", "slow")
+FaultKind = Literal["nan", "scale_loss", "scale_grads", "inf_grads", "noise", "hang", "slow"]
 
 
 class FaultConfig(Section):
-    """A fault injected on purpose (tests and demos of `spikes` and of the hang watchdog), at
-    data step `step`, the step that reads it when no data is skipped. A data fault corrupts
-    that step's batch on every rank; it travels with the batch, like bad data: a rollback
-    that skips the batch avoids it. A rank fault (hang, slow) stops or slows one rank."""
+    """A fault injected on purpose (tests, demos) at data step `step`: a data fault corrupts
+    that step's batch and travels with it (a rollback that skips the batch avoids it); a rank
+    fault (hang, slow) stops or slows one rank."""
 
     key = "spikes.faults[]"
 
@@ -184,16 +180,14 @@ class FaultConfig(Section):
     """The data step of the fault (>= 1)."""
     last: Int | None = None
     """Data steps step..last (null = step only); not for hang."""
-    kind: Literal["nan", "scale_loss", "scale_grads", "inf_grads", "noise", "hang", "slow"] = (
-        "scale_loss"
-    )
+    kind: FaultKind = "scale_loss"
     """nan: the loss is NaN; scale_loss: the loss and its gradients x factor; scale_grads: the gradients only; inf_grads: the gradients are not finite, the loss is (an overflow); noise: random token ids (bad data); hang: rank `rank` blocks for good (once per run folder); slow: rank `rank` sleeps `seconds` before each forward."""
     factor: Float = 100.0
     """scale_loss and scale_grads: the multiplier."""
     rank: Annotated[Int | None, Hint("a rank, 0 to world size - 1")] = Field(None, ge=0)
     """hang and slow: the rank that stalls; a data fault: the one rank whose batch it corrupts (null = every rank)."""
-    seconds: Annotated[Float | None, AllowInfNan(False), Hint("the delay per step")] = Field(
-        None, gt=0
+    seconds: Annotated[Float | None, Hint("the delay per step")] = Field(
+        None, gt=0, allow_inf_nan=False
     )
     """slow only: the delay per step."""
 
@@ -216,7 +210,7 @@ class FaultConfig(Section):
                 f"{key}: seconds is for kind slow; remove it from a {self.kind} fault"
             )
         elif self.kind not in ("nan", "inf_grads") and not (
-            math.isfinite(self.factor) and self.factor != 0
+            math.isfinite(self.factor) and self.factor
         ):
             raise ConfigError(f"{key}.factor={self.factor} must be finite and non-zero")
 
@@ -246,7 +240,7 @@ class SpikesConfig(Section):
     max_rollbacks: Int = Field(5, ge=0)
     """at most this many rollbacks in a run (then a warning, and only skips)"""
     skip_data: Annotated[
-        list[tuple[Annotated[Int, annotated_types.Ge(1)], Annotated[Int, annotated_types.Ge(1)]]],
+        list[tuple[Annotated[Int, Field(ge=1)], Annotated[Int, Field(ge=1)]]],
         Hint("[first, last] data steps, 1 <= first <= last"),
     ] = Field(default_factory=list)
     """`[[first, last], ...]` data steps never trained on (inclusive), as PaLM skipped batches by hand"""
@@ -273,8 +267,7 @@ class SpikesConfig(Section):
 
 class WandbConfig(Section):
     """Log the run's scalars to Weights & Biases too (the paper's runs did); off by default.
-    Needs `pip install wandb`; WANDB_MODE=offline (or mode: offline) writes locally for a
-    later `wandb sync`."""
+    Needs `pip install wandb`; `mode: offline` writes locally for a later `wandb sync`."""
 
     key = "wandb"
 
