@@ -1,11 +1,7 @@
-"""Running a study on this machine (`submit --executor local`); selection.py chooses the runs.
-
-One process per run (`python -m pretrain.cli.train --config CONFIG`, pretrain/main.py's
-program), `parallel` at once, in the foreground, output to studies/NAME/state/RUN.log. A
-second call continues where the first stopped: finished runs are skipped, the others resume
-from their checkpoints. Stopping the executor (Ctrl-C, SIGTERM, or kill -9, through the
-kernel's parent-death signal on Linux) sends the runs SIGTERM: each saves a checkpoint and
-exits 99, as before a Slurm time limit.
+"""Running a study on this machine (`submit --executor local`; selection.py chooses the runs):
+a training process per run, `parallel` at once, in the foreground, output in
+studies/NAME/state/RUN.log. Stopping the executor, kill -9 included, asks each run to save a
+checkpoint and stop; the next call resumes them. docs/studies.md ("submit") has the details.
 """
 
 from __future__ import annotations
@@ -121,11 +117,10 @@ class LocalExecutor:
         with study_lock(study.out_dir, "the local executor"):
             rows = {r.run.name: r for r in study_status(study, repo).rows}
             train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
-            evals = [
-                r
-                for r in runs
-                if self.evaluate and rows[r.name].state == COMPLETED and not eval_done(r, repo)
+            completed = [
+                r for r in runs if rows[r.name].state == COMPLETED and not eval_done(r, repo)
             ]
+            evals = completed if self.evaluate else []
             report_skipped(runs, rows, [*train, *evals], self.echo)
             check_files(study, train, repo, slurm=False)
             if not train and not evals:

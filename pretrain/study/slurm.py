@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from pretrain.schema import Bool, ConfigError, Int, Section, from_dict
-from pretrain.slurm_limits import SLURM_MARGIN, SLURM_MAX_HOURS, time_limit_hours, time_limit_s
+from pretrain.slurm_limits import time_limit_hours, time_limit_s
 from pretrain.study.fields import Where
 
 # The header's log path when nothing else is asked for; a job array's tasks get their own log
@@ -145,15 +145,4 @@ def planned_slurm(
     return slurm.replace(time=f"{hours}:00:00")
 
 
-__all__ = [
-    "ARRAY_OUTPUT",
-    "DEFAULT_OUTPUT",
-    "SLURM_MARGIN",
-    "SLURM_MAX_HOURS",
-    "Slurm",
-    "parse_slurm",
-    "planned_slurm",
-    "slurm_options",
-    "time_limit_hours",
-    "time_limit_s",
-]
+__all__ = ["Slurm", "parse_slurm", "planned_slurm", "slurm_options", "time_limit_s"]

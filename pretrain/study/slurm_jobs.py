@@ -1,13 +1,9 @@
 """What Slurm says of a study's jobs, and submitting one, from the login node.
 
-A study's runs are found in the queue by their job names (`squeue --me --name=...`), so a
-run submitted by hand with `sbatch slurm/NAME.sh` counts as queued too, and by the job ids
-the study recorded (studies/NAME/jobs.json): once a job has left the queue, `sacct` says how
-it ended where the cluster keeps accounting, else `scontrol show job` while slurmctld still
-remembers it (MinJobAge, 300 s by default), else nothing and the run folder speaks alone.
-
-Every command runs with a timeout: a status must not hang on a controller that does not
-answer. Slurm 20.02 or newer (`squeue --me`).
+Jobs in the queue are found by name (`squeue --me`: a run submitted by hand counts too); a
+recorded job that left it by `sacct`, else by `scontrol show job` while slurmctld remembers
+it (MinJobAge), else not at all. Every command has a timeout: a status must not hang on a
+controller that does not answer. Slurm 20.02 or newer (`squeue --me`).
 """
 
 from __future__ import annotations
@@ -189,12 +185,4 @@ def sbatch(args: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> 
     return out.stdout.strip().split(";")[0]
 
 
-__all__ = [
-    "ACTIVE_STATES",
-    "SlurmError",
-    "SlurmJob",
-    "finished_jobs",
-    "queued_jobs",
-    "sbatch",
-    "slurm_unreachable",
-]
+__all__ = ["SlurmError", "SlurmJob", "finished_jobs", "queued_jobs", "sbatch", "slurm_unreachable"]

@@ -1,39 +1,19 @@
-"""Running a study on Slurm (`submit`); selection.py chooses the runs.
-
-One `sbatch` of the run's job script per run, or one `sbatch --array=I,J,...` of the
-study's job array (task i is run i), from the repository root (the scripts use relative
-paths); each job id recorded at once in studies/NAME/state/jobs.json. With `evaluate`, the
-evaluation is chained as slurm/submit.sh chains it (`--dependency=afterok:JOB
---kill-on-invalid-dep=yes slurm/evaluate.sh RUN_DIR`: held through every requeue, cancelled
-if the training fails). `max_running` N: each new job waits (`afterany`) for the job N
-places before it in the study's queue, so no more than N of the study's jobs run at once;
-a job array gets Slurm's own %N.
+"""Running a study on Slurm (`submit`): one sbatch per run script, or one of the study's job
+array, each job recorded at once in studies/NAME/state/jobs.json; selection.py chooses the
+runs. docs/studies.md ("submit") describes the lanes of `max_running` and the chained `--eval`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pretrain.study.records import (
-    StudyUsageError,
-    Submission,
-    add_submission,
-    now_utc,
-    study_lock,
-)
+from pretrain.study.records import StudyUsageError, Submission, add_submission, now_utc, study_lock
 from pretrain.study.selection import Echo, check_files, eval_done, report_skipped
 from pretrain.study.slurm_jobs import queued_jobs, sbatch, slurm_unreachable
-from pretrain.study.status import (
-    ACTIVE,
-    COMPLETED,
-    SUBMITTABLE,
-    StudyStatus,
-    run_folder,
-    study_status,
-)
+from pretrain.study.status import ACTIVE, COMPLETED, SUBMITTABLE, run_folder, study_status
 
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
@@ -69,147 +49,132 @@ def submit_to_slurm(
             f"cannot reach Slurm ({why}); on a machine without Slurm use --executor local"
         )
     repo = Path(repo)
-    done = SlurmSubmitted()
+    submit = _Submit(study, repo, env, echo, dry_run, evaluate, eval_args)
     with study_lock(study.out_dir, "submit"):
         status = study_status(study, repo, ask_slurm=True, env=env)
         rows = {r.run.name: r for r in status.rows}
         train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
-        eval_only: list[StudyRun] = []
-        if evaluate:
-            busy = {j.name for j in queued_jobs([_eval_job_name(r) for r in runs], env)}
-            eval_only = [
-                r
-                for r in runs
-                if rows[r.name].state == COMPLETED
-                and not eval_done(r, repo)
-                and _eval_job_name(r) not in busy
-            ]
+        completed = [r for r in runs if rows[r.name].state == COMPLETED and not eval_done(r, repo)]
+        evals = completed if evaluate else []
+        if evals:  # not those whose evaluation job is in the queue
+            busy = {j.name for j in queued_jobs([_eval_job_name(r) for r in evals], env)}
+            evals = [r for r in evals if _eval_job_name(r) not in busy]
         check_files(study, train, repo, slurm=True)
+        submit.done.skipped += report_skipped(runs, rows, [*train, *evals], echo)
         max_running = max_running or study.max_running
-        done.skipped += report_skipped(runs, rows, [*train, *eval_only], echo)
-
-        def submitted(run: StudyRun, job: str) -> None:
-            # Recorded before anything else can fail: a submit that dies half-way must still
-            # know its jobs (the queue knows them by name too, until they leave it).
-            eval_job = None
-            try:
-                eval_job = _submit_eval(run, job, eval_args, repo, env) if evaluate else None
-            finally:
-                add_submission(study.out_dir, run.name, Submission(job, eval_job, now_utc()))
-                done.jobs.append((run.name, job, eval_job))
-            if eval_job:
-                echo(f"{run.name}: evaluation job {eval_job} after job {job} completes")
-
         if study.array:
-            _submit_array(study, train, max_running, dry_run, repo, env, echo, submitted)
+            jobs = submit.array(train, max_running)
         else:
-            _submit_scripts(status, train, max_running, dry_run, repo, env, echo, submitted)
-        for run in eval_only:
+            queue = [r.job for r in status.rows if r.state in ACTIVE and r.job.isdigit()]
+            jobs = submit.scripts(sorted(queue, key=lambda j: (len(j), j)), train, max_running)
+        for run, job in jobs:
+            submit.record(run, job)
+        for run in evals:
             if dry_run:
                 echo(f"{run.name}: would submit its evaluation ({EVALUATE_SCRIPT})")
                 continue
-            eval_job = _submit_eval(run, None, eval_args, repo, env)
-            done.jobs.append((run.name, None, eval_job))
+            eval_job = submit.evaluation(run, None)
+            submit.done.jobs.append((run.name, None, eval_job))
             echo(f"{run.name}: completed; evaluation job {eval_job}")
-    ids = [j for _, t, e in done.jobs for j in (t, e) if j]
+    ids = [j for _, t, e in submit.done.jobs for j in (t, e) if j]
     if dry_run:
-        echo(f"dry run: {len(train)} run(s) and {len(eval_only)} evaluation(s) would be submitted")
+        echo(f"dry run: {len(train)} run(s) and {len(evals)} evaluation(s) would be submitted")
     elif ids:
-        echo(f"submitted {len(done.jobs)} run(s): jobs {' '.join(ids)}")
+        echo(f"submitted {len(submit.done.jobs)} run(s): jobs {' '.join(ids)}")
     else:
         echo(
             "nothing to submit: every run is done, queued or running (python tools/study.py status)"
         )
-    return done
+    return submit.done
 
 
-def _submit_scripts(
-    status: StudyStatus,
-    train: Sequence[StudyRun],
-    max_running: int | None,
-    dry_run: bool,
-    repo: Path,
-    env: Mapping[str, str] | None,
-    echo: Echo,
-    submitted: Callable[[StudyRun, str], None],
-) -> None:
-    """One sbatch per run script, each handed to `submitted` at once. With `max_running` N, job k of the study's queue (its jobs
-    in the queue, oldest first, then these) waits for job k - N to end, whatever its end:
-    N lanes, so no more than N run at once, and a failure does not stop the lane."""
-    queue = sorted(
-        (r.job for r in status.rows if r.state in ACTIVE and r.job.isdigit()),
-        key=lambda j: (len(j), j),
-    )
-    if max_running:
-        echo(f"at most {max_running} of the study's jobs at once ({len(queue)} in the queue)")
-    for run in train:
-        opts = [f"--job-name={run.job_name}"]
-        after = (
-            queue[len(queue) - max_running] if max_running and len(queue) >= max_running else None
-        )
+@dataclass
+class _Submit:
+    """One `submit`'s sbatch calls, from the repository root (the scripts use relative paths)."""
+
+    study: Study
+    repo: Path
+    env: Mapping[str, str] | None
+    echo: Echo
+    dry_run: bool
+    evaluate: bool
+    eval_args: Sequence[str]
+    done: SlurmSubmitted = field(default_factory=SlurmSubmitted)
+
+    def scripts(
+        self, queue: list[str], train: Sequence[StudyRun], max_running: int | None
+    ) -> Iterator[tuple[StudyRun, str]]:
+        """One sbatch per run script. With `max_running` N, job k of the study's `queue` (its
+        jobs in the queue, oldest first, then these) waits for job k - N to end, whatever its
+        end: N lanes, so no more than N run at once, and a failure does not stop the lane."""
+        if max_running:
+            self.echo(
+                f"at most {max_running} of the study's jobs at once ({len(queue)} in the queue)"
+            )
+        for run in train:
+            opts = [f"--job-name={run.job_name}"]
+            after = queue[-max_running] if max_running and len(queue) >= max_running else None
+            if after is not None:
+                opts.append(f"--dependency=afterany:{after}")
+            if self.dry_run:
+                self.echo(f"{run.name}: would submit sbatch {' '.join(opts)} {run.script_path}")
+                queue.append(f"<{run.name}>")
+                continue
+            job = self._sbatch([*opts, str(run.script_path)], [run])
+            queue.append(job)
+            waits = f", after job {after}" if after else ""
+            self.echo(f"{run.name}: job {job} ({run.script_path}, run folder {run.run_dir}){waits}")
+            yield run, job
+
+    def array(
+        self, train: Sequence[StudyRun], max_running: int | None
+    ) -> Iterator[tuple[StudyRun, str]]:
+        """One sbatch of the study's job array with the tasks of `train` (task i = run i);
+        `max_running` N is the array's own throttle (%N)."""
+        if not train:
+            return
+        index = {r.name: i for i, r in enumerate(self.study.runs)}
+        tasks = ",".join(str(index[r.name]) for r in train)
+        tasks += f"%{max_running}" if max_running else ""
+        args = [f"--array={tasks}", str(self.study.array_script)]
+        if self.dry_run:
+            self.echo(f"would submit sbatch {' '.join(args)}")
+            return
+        array = self._sbatch(args, train)
+        self.echo(f"job array {array}: tasks {tasks} of {self.study.array_script}")
+        for run in train:
+            job = f"{array}_{index[run.name]}"
+            self.echo(f"{run.name}: job {job} (run folder {run.run_dir})")
+            yield run, job
+
+    def record(self, run: StudyRun, job: str) -> None:
+        """Chain the evaluation, and record the job before anything else can fail: a submit
+        that dies half-way must still know its jobs (the queue knows them by name too, until
+        they leave it)."""
+        eval_job = None
+        try:
+            eval_job = self.evaluation(run, job) if self.evaluate else None
+        finally:
+            add_submission(self.study.out_dir, run.name, Submission(job, eval_job, now_utc()))
+            self.done.jobs.append((run.name, job, eval_job))
+        if eval_job:
+            self.echo(f"{run.name}: evaluation job {eval_job} after job {job} completes")
+
+    def evaluation(self, run: StudyRun, after: str | None) -> str:
+        opts = [f"--job-name={_eval_job_name(run)}"]
         if after is not None:
-            opts.append(f"--dependency=afterany:{after}")
-        if dry_run:
-            echo(f"{run.name}: would submit sbatch {' '.join(opts)} {run.script_path}")
-            queue.append(f"<{run.name}>")
-            continue
-        run_folder(run, repo).mkdir(parents=True, exist_ok=True)  # launch.sh links its log there
-        job = sbatch([*opts, str(run.script_path)], repo, env)
-        queue.append(job)
-        waits = f", after job {after}" if after else ""
-        echo(f"{run.name}: job {job} ({run.script_path}, run folder {run.run_dir}){waits}")
-        submitted(run, job)
+            # afterok holds it through every requeue of the training job; a failure cancels it.
+            opts += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+        return sbatch([*opts, EVALUATE_SCRIPT, run.run_dir, *self.eval_args], self.repo, self.env)
 
-
-def _submit_array(
-    study: Study,
-    train: Sequence[StudyRun],
-    max_running: int | None,
-    dry_run: bool,
-    repo: Path,
-    env: Mapping[str, str] | None,
-    echo: Echo,
-    submitted: Callable[[StudyRun, str], None],
-) -> None:
-    """One sbatch of the study's job array with the tasks of `train` (task i = run i), each
-    task handed to `submitted`; `max_running` N is the array's own throttle (%N)."""
-    if not train:
-        return
-    index = {r.name: i for i, r in enumerate(study.runs)}
-    tasks = ",".join(str(index[r.name]) for r in train) + (f"%{max_running}" if max_running else "")
-    args = [f"--array={tasks}", str(study.array_script)]
-    if dry_run:
-        echo(f"would submit sbatch {' '.join(args)}")
-        return
-    for run in train:
-        run_folder(run, repo).mkdir(parents=True, exist_ok=True)
-    array = sbatch(args, repo, env)
-    echo(f"job array {array}: tasks {tasks} of {study.array_script}")
-    for run in train:
-        job = f"{array}_{index[run.name]}"
-        echo(f"{run.name}: job {job} (run folder {run.run_dir})")
-        submitted(run, job)
-
-
-def _submit_eval(
-    run: StudyRun,
-    after: str | None,
-    eval_args: Sequence[str],
-    repo: Path,
-    env: Mapping[str, str] | None,
-) -> str:
-    opts = [f"--job-name={_eval_job_name(run)}"]
-    if after is not None:
-        # afterok holds it through every requeue of the training job; a failure cancels it.
-        opts += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
-    return sbatch([*opts, EVALUATE_SCRIPT, run.run_dir, *eval_args], repo, env)
+    def _sbatch(self, args: list[str], runs: Sequence[StudyRun]) -> str:
+        for run in runs:  # slurm/launch.sh links its log into the run folder
+            run_folder(run, self.repo).mkdir(parents=True, exist_ok=True)
+        return sbatch(args, self.repo, self.env)
 
 
 def _eval_job_name(run: StudyRun) -> str:
     return f"eval_{run.job_name}"
 
 
-__all__ = [
-    "SlurmSubmitted",
-    "submit_to_slurm",
-]
+__all__ = ["SlurmSubmitted", "submit_to_slurm"]
