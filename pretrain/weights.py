@@ -236,6 +236,7 @@ INIT_FROM_FREE = (
     "rope_theta",
     "rope_scaling",
     "rope_spectrum",
+    "rope_pairs",
     "nope_layers",
     "nope_every",
     "sliding_window",
@@ -307,6 +308,18 @@ def load_initial_weights(model: Transformer, spec: str) -> Path:
     return folder
 
 
+def _pairs_text(cfg: ModelConfig) -> str:
+    """What rotates, for the surgery line: 'full 32 pairs', 'the first 16 of 64 dims (neox)',
+    '8 of 32 pairs per KV head (usage top-8 of FILE, layer 0 kv 0: 0,1,3,...)'. The pairs of a
+    selection keep their dims (j, j + head_dim/2) and frequency: no weight is re-paired."""
+    if cfg.rope_pairs is not None:
+        return cfg.rope_pairs.describe(cfg.head_dim)
+    r, d = cfg.rope_dims, cfg.head_dim
+    if r == d:
+        return f"full {d // 2} pairs"
+    return f"the first {r} of {d} dims ({cfg.rope_spectrum})" if r else "NoPE"
+
+
 def init_from_summary(spec: str, target: ModelConfig) -> str:
     """The log line of a run started from `checkpoint.init_from`: where the weights came
     from (and its step: this run counts from 0), that every weight was kept, and what the
@@ -316,8 +329,10 @@ def init_from_summary(spec: str, target: ModelConfig) -> str:
     changed = [
         f"model.{name} {getattr(source, name)!r} -> {getattr(target, name)!r}"
         for name in INIT_FROM_FREE
-        if getattr(source, name) != getattr(target, name)
+        if name != "rope_pairs" and getattr(source, name) != getattr(target, name)
     ]
+    if source.rope_pairs != target.rope_pairs:
+        changed.append(f"RoPE: {_pairs_text(source)} -> {_pairs_text(target)}")
     origin = f"{folder}" + (f" (its step {step})" if step is not None else "")
     what = "; changed: " + ", ".join(changed) if changed else "; the same model"
     return f"initialised from {origin}, every weight kept, this run counting from step 0{what}"

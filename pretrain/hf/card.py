@@ -123,6 +123,13 @@ def positions_text(layers: list[LayerPosition]) -> tuple[str, str]:
     def rope(p: LayerPosition) -> str:
         if not p.rope:
             return "none (NoPE)"
+        if p.pairs is not None:
+            counts = sorted({len(kept) for kept in p.pairs})
+            n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+            return (
+                f"{n} of {p.head_dim // 2} frequency pairs per key-value head (a pair "
+                f"selection, full RoPE's frequencies), theta {p.theta:g}"
+            )
         pct = 100 * p.rotary_dims / p.head_dim
         spectrum = ""
         if p.spectrum == "p_rope" and p.rotary_dims < p.head_dim:

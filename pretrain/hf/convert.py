@@ -172,7 +172,10 @@ def _forward_differences(
     if _effective_rope(derived) != _effective_rope(recorded):
         out.append("rope_theta/rope_scaling")
     if _layer_signature(derived) != _layer_signature(recorded):
-        out.append("positions by layer (nope_*, sliding_*, layer_types, global_rope_theta, alibi)")
+        out.append(
+            "positions by layer (nope_*, sliding_*, layer_types, global_rope_theta, alibi, "
+            "rope_pairs)"
+        )
     if derived.learned_pos_emb and derived.max_seq_len != recorded.max_seq_len:
         out.append("max_seq_len")
     for b in ("norm_bias", "mlp_bias", "attn_bias"):
@@ -185,15 +188,16 @@ def _forward_differences(
 
 
 def _layer_signature(cfg: ModelConfig) -> list[tuple]:
-    """Per layer what its positions compute: rotary dims, window, ALiBi and its theta as NeoX's
-    spectrum sees it (p-RoPE at theta = NeoX at theta^(r/head_dim)) relative to the model's,
-    so a GPT-NeoX folder of a p-RoPE model, or a static-ntk one, reads as the same network."""
+    """Per layer what its positions compute: rotary dims, window, ALiBi, the pair selection
+    and its theta as NeoX's spectrum sees it (p-RoPE at theta = NeoX at theta^(r/head_dim))
+    relative to the model's, so a GPT-NeoX folder of a p-RoPE model, or a static-ntk one,
+    reads as the same network."""
     base = neox_theta(cfg)
     out = []
     for p in layer_positions(cfg):
         theta = p.theta ** (p.rotary_dims / p.head_dim) if p.spectrum == "p_rope" else p.theta
         ratio = f"{theta / base:.9g}" if p.rope else None
-        out.append((p.rotary_dims, ratio, p.window, p.alibi))
+        out.append((p.rotary_dims, ratio, p.window, p.alibi, p.pairs))
     return out
 
 

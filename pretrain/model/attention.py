@@ -102,6 +102,30 @@ class ALiBi:
         return self._on[device]
 
 
+class PairMask:
+    """A layer's pair selection (model.rope_pairs) as the masks apply_rope takes: which dims
+    of each query head (H, 1, D) and key head (KV, 1, D) rotate, query heads following their
+    KV group; bool, on the device that asks (copied there once). Not a buffer, for ALiBi's
+    reasons: a meta build or a dtype cast must not touch it."""
+
+    def __init__(self, position: LayerPosition, n_heads: int):
+        keep = position.kept_dims()
+        assert keep is not None
+        self.k = keep
+        self.q = keep.repeat_interleave(n_heads // keep.shape[0], dim=0)
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """What the masks take on a device (one byte per bool)."""
+        return self.q.numel() + self.k.numel()
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._on:
+            self._on[device] = (self.q.to(device), self.k.to(device))
+        return self._on[device]
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, position: LayerPosition | None = None):
         super().__init__()
@@ -109,6 +133,7 @@ class Attention(nn.Module):
         # This layer's attention span: None = every earlier token, W = the last W (sliding).
         self.window = position.window
         self.alibi = ALiBi(cfg.n_heads) if position.alibi else None
+        self.pairs = PairMask(position, cfg.n_heads) if position.pairs is not None else None
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         # One fused projection for q, k, v: [q heads | k heads | v heads].
         self.qkv = nn.Linear(
@@ -142,10 +167,11 @@ class Attention(nn.Module):
             # memory order, so the norm reads and writes (B, T, H, D) in order (not a
             # transposed view) and its backward's gradients come out contiguous.
             q, k = self.q_norm(q), self.k_norm(k)
+        keep_q, keep_k = self.pairs.on(x.device) if self.pairs is not None else (None, None)
         # (B, H, T, D) views of the (B, T, H, D) memory, as SDPA takes them
         return (
-            apply_rope(q.transpose(1, 2), cos, sin),
-            apply_rope(k.transpose(1, 2), cos, sin),
+            apply_rope(q.transpose(1, 2), cos, sin, keep_q),
+            apply_rope(k.transpose(1, 2), cos, sin, keep_k),
             v.transpose(1, 2),
         )
 

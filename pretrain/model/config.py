@@ -7,7 +7,9 @@ table of it is generated from the descriptions below (tools/config_schema.py).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Annotated, Literal
 
 import annotated_types
@@ -93,6 +95,171 @@ class RopeScalingConfig(Section):
         return self
 
 
+PAIR_STRATEGIES = ("high", "low", "uniform", "usage")
+
+
+def strategy_pairs(strategy: str, kept: int, pairs: int) -> list[int]:
+    """The `kept` of `pairs` frequency pairs a fixed strategy keeps (pair 0 = the highest
+    frequency): `high` 0..K-1, `low` P-K..P-1, `uniform` floor(i P / K) for i < K (the
+    highest and every P/K-th after it: MHA2MLA's uniform choice when K divides P)."""
+    if strategy == "high":
+        return list(range(kept))
+    if strategy == "low":
+        return list(range(pairs - kept, pairs))
+    if strategy == "uniform":
+        return [i * pairs // kept for i in range(kept)]
+    raise ValueError(f"strategy {strategy!r} is not a fixed one")
+
+
+def _usage_scores(path: str, cfg: ModelConfig) -> list[list[list[float]]]:
+    """[layer][kv head][pair]: the summed `use` of the query heads of each KV group, from a
+    frequency-usage map (tools/frequency_use.py's JSON) of a model of cfg's shape measured
+    with full RoPE's pairs (rotary dims = head_dim); one line naming the file otherwise."""
+    where = f"model.rope_pairs.usage_map={path}"
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(
+            f"{where} not found; give the frequency_use.json that tools/frequency_use.py wrote "
+            f"for a full-RoPE run of this shape"
+        )
+    try:
+        layers = json.loads(file.read_text())["layers"]
+        shapes = [(d["heads"], d["kv_heads"], d["head_dim"], d["rotary_dims"]) for d in layers]
+        use = [d["per_head"] for d in layers]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{where} is not a frequency-usage map ({type(e).__name__}: {e}); give the JSON "
+            f"tools/frequency_use.py writes"
+        ) from None
+    H, KV, D, nope = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.nope_layer_set
+    _need(
+        len(layers) == cfg.n_layers,
+        f"{where} holds {len(layers)} layers; the model has {cfg.n_layers}: measure a run of "
+        f"this shape",
+    )
+    out = []
+    for i, ((h, kv, d, r), per_head) in enumerate(zip(shapes, use, strict=True)):
+        if i in nope:
+            out.append([[] for _ in range(KV)])
+            continue
+        _need(
+            (h, kv, d) == (H, KV, D),
+            f"{where}: layer {i} was measured with {h} heads, {kv} KV heads of {d} dims; the "
+            f"model has {H}, {KV} of {D}: measure a run of this shape",
+        )
+        _need(
+            r == D and len(per_head) == H and all(len(row) == D // 2 for row in per_head),
+            f"{where}: layer {i} was measured with {r} rotary dims of {D}, whose pairs are not "
+            f"full RoPE's (dims j, j + head_dim/2); measure a full-RoPE run",
+        )
+        group = H // KV  # query heads g*group .. (g+1)*group - 1 read KV head g
+        rows = [per_head[g * group : (g + 1) * group] for g in range(KV)]
+        out.append([[sum(col) for col in zip(*heads, strict=True)] for heads in rows])
+    return out
+
+
+class RopePairsConfig(Section):
+    """Which of each head's head_dim/2 frequency pairs rotate, per layer and KV head
+    (docs/pair_selection.md). Full RoPE's layout: pair j is dims j and j + head_dim/2 at
+    theta^(-2j/head_dim), so every kept pair keeps its own frequency; the other pairs pass
+    through. A strategy is resolved into `selected` when the config is read; the resolved
+    config records both, and a config with `selected` needs no map file."""
+
+    key = "model.rope_pairs"
+
+    strategy: Annotated[
+        Literal["high", "low", "uniform", "usage"] | None, Hint("null = `selected` as given")
+    ] = None
+    """`high`: pairs 0..K-1 (the highest frequencies); `low`: the K lowest; `uniform`: floor(i P/K), i < K (P = head_dim/2 pairs); `usage`: per layer and KV head the K pairs of largest use in `usage_map` (summed over the group's query heads; ties: lower j). null: `selected` is the selection"""
+    pairs: Int | None = Field(None, ge=0)
+    """K, the pairs each KV head keeps (or `fraction`)"""
+    fraction: Annotated[Float | None, Hint("of the head's dims, rounded as rope_fraction")] = Field(
+        None, ge=0, le=1
+    )
+    """K as a fraction of the head's dims: the nearest even number of dims, as `rope_fraction` rounds, halved"""
+    usage_map: str | None = None
+    """`usage`: the frequency_use.json of a full-RoPE run of this shape (tools/frequency_use.py); read only while `selected` is null"""
+    selected: list[list[list[Annotated[Int, annotated_types.Ge(0)]]]] | None = None
+    """per layer, per KV head: the sorted pairs that rotate (written at load from the strategy); a layer of empty lists is NoPE"""
+
+    @model_validator(mode="after")
+    def _check(self) -> RopePairsConfig:
+        k = self.key
+        _need(
+            self.pairs is None or self.fraction is None,
+            f"{k}.pairs and {k}.fraction are both set; set only one",
+        )
+        if self.strategy is None:
+            _need(
+                self.selected is not None,
+                f"{k} needs a strategy ({', '.join(PAIR_STRATEGIES)}) or the pairs themselves "
+                f"in {k}.selected",
+            )
+            _need(
+                self.pairs is None and self.fraction is None and self.usage_map is None,
+                f"{k}.pairs, fraction and usage_map belong to a strategy; set {k}.strategy",
+            )
+        elif self.selected is None:
+            _need(
+                self.pairs is not None or self.fraction is not None,
+                f"{k}.strategy={self.strategy} needs {k}.pairs (K per KV head) or {k}.fraction",
+            )
+        _need(
+            (self.strategy == "usage") == (self.usage_map is not None),
+            f"{k}.usage_map goes with strategy usage, and usage needs one: set both or neither",
+        )
+        for i, layer in enumerate(self.selected or ()):
+            for g, kept in enumerate(layer):
+                _need(
+                    all(a < b for a, b in zip(kept, kept[1:], strict=False)),
+                    f"{k}.selected[{i}][{g}]={kept} must list each pair once, in increasing order",
+                )
+        return self
+
+    def kept(self, head_dim: int) -> int | None:
+        """K of the strategy (pairs, or fraction of head_dim rounded as rope_fraction)."""
+        if self.pairs is not None:
+            return self.pairs
+        if self.fraction is not None:
+            return rotary_dims_from_fraction(self.fraction, head_dim) // 2
+        return None
+
+    def resolve(self, cfg: ModelConfig) -> list[list[list[int]]]:
+        """`selected` from the strategy: [layer][kv head] -> sorted pairs; NoPE layers keep none."""
+        P, K, nope = cfg.head_dim // 2, self.kept(cfg.head_dim) or 0, cfg.nope_layer_set
+        if self.strategy == "usage":
+            return [
+                [_top(scores, K) for scores in layer]
+                for layer in _usage_scores(str(self.usage_map), cfg)
+            ]
+        fixed = strategy_pairs(str(self.strategy), K, P)
+        return [
+            [[] if i in nope else list(fixed) for _ in range(cfg.kv_heads)]
+            for i in range(cfg.n_layers)
+        ]
+
+    def describe(self, head_dim: int) -> str:
+        """'8 of 32 pairs per KV head (usage top-8 of FILE, layer 0 kv 0: 0,1,3,...)'."""
+        sel = self.selected or []
+        counts = sorted({len(kept) for layer in sel if any(layer) for kept in layer} or {0})
+        n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        how = {None: "as selected", "usage": f"usage top-{self.kept(head_dim)} of {self.usage_map}"}
+        first = [
+            (i, g, kept) for i, layer in enumerate(sel) for g, kept in enumerate(layer) if kept
+        ]
+        at = ""
+        if first:
+            i, g, kept = first[0]
+            at = f", layer {i} kv {g}: {','.join(map(str, kept))}"
+        text = how.get(self.strategy, f"{self.strategy} {self.kept(head_dim)}")
+        return f"{n} of {head_dim // 2} pairs per KV head ({text}{at})"
+
+
+def _top(scores: list[float], k: int) -> list[int]:
+    """The k pairs of largest score, ties to the lower pair, in increasing order."""
+    return sorted(sorted(range(len(scores)), key=lambda j: (-scores[j], j))[:k])
+
+
 class ModelConfig(Section):
     """One transformer covering Llama-style (sequential) and Pythia-style (parallel) models."""
 
@@ -142,6 +309,8 @@ class ModelConfig(Section):
     """RoPE base"""
     rope_scaling: RopeScalingConfig | None = None
     """RoPE scaling for longer contexts (type, factor, original_max_seq_len, ...); null = none."""
+    rope_pairs: RopePairsConfig | None = None
+    """which frequency pairs rotate, per layer and KV head, in full RoPE's layout (strategy `high`, `low`, `uniform` or `usage` with `pairs`/`fraction`; resolved into `selected`); null = the first rotary dims rotate. Needs rope_fraction 1, no rope_scaling, spectrum neox. docs/pair_selection.md"""
     rope_spectrum: Literal["neox", "p_rope"] = "neox"
     """which frequencies the rotary dims carry: `neox` = theta^(-2i/r) over the r rotary dims (the paper, GPT-NeoX); `p_rope` = the r/2 highest of full RoPE's theta^(-2i/head_dim) (Barbero et al. 2025; not with `rope_scaling`). docs/model.md, "Positions by layer" """
     nope_layers: Annotated[
@@ -272,6 +441,8 @@ class ModelConfig(Section):
         if self.rope_scaling is not None:
             self._check_scaling(self.rope_scaling, r)
         self._check_layers(r)
+        if self.rope_pairs is not None:
+            self._check_pairs(self.rope_pairs, r)
 
     def _check_layers(self, rotary_dims: int) -> None:
         """The per-layer position fields: NoPE layers, spectrum, windows, global theta, ALiBi."""
@@ -326,6 +497,52 @@ class ModelConfig(Section):
             "model.alibi with model.attn_logit_softcap is not supported; set one of them off",
         )
 
+    def _check_pairs(self, p: RopePairsConfig, rotary_dims: int) -> None:
+        """A pair selection lives in full RoPE's layout and spectrum; resolve its strategy."""
+        k, hd = p.key, self.head_dim
+        _need(
+            rotary_dims == hd,
+            f"{k} says which of full RoPE's pairs rotate, and model.rope_fraction/rotary_dims "
+            f"give {rotary_dims} rotary dims of {hd}; leave rope_fraction at 1 and set the "
+            f"number of pairs in {k}.pairs",
+        )
+        _need(
+            self.rope_scaling is None and self.rope_spectrum == "neox",
+            f"{k} with model.rope_scaling or rope_spectrum p_rope is not supported: a selection "
+            f"keeps full RoPE's frequencies; remove one",
+        )
+        P, K = hd // 2, p.kept(hd)
+        _need(K is None or K <= P, f"{k}.pairs={K} exceeds the head's {P} pairs")
+        _need(
+            p.fraction is None or p.fraction == 0 or K,
+            f"{k}.fraction={p.fraction} gives 0 pairs for head_dim {hd}; use >= {2 / hd:.4g}",
+        )
+        if p.selected is None:
+            self.rope_pairs = p.model_copy(update={"selected": p.resolve(self)})
+            return
+        sel, nope, KV = p.selected, self.nope_layer_set, self.kv_heads
+        _need(
+            len(sel) == self.n_layers and all(len(layer) == KV for layer in sel),
+            f"{k}.selected must hold one list per KV head ({KV}) for each of the "
+            f"{self.n_layers} layers",
+        )
+        for i, layer in enumerate(sel):
+            for g, kept in enumerate(layer):
+                where = f"{k}.selected[{i}][{g}]={kept}"
+                _need(all(j < P for j in kept), f"{where}: a pair index is past the {P} pairs")
+                _need(not (i in nope and kept), f"{where}: layer {i} is NoPE; leave it empty")
+                if p.strategy is None or i in nope:
+                    continue
+                want = K if K is not None else len(sel[i][0])
+                ok = len(kept) == want
+                if p.strategy != "usage":
+                    ok = ok and kept == strategy_pairs(p.strategy, want, P)
+                _need(
+                    ok,
+                    f"{where} is not what strategy {p.strategy} with {want} pairs keeps; remove "
+                    f"{k}.selected (it is written at load) or the strategy",
+                )
+
     def _check_scaling(self, s: RopeScalingConfig, rotary_dims: int) -> None:
         _need(
             not self.learned_pos_emb,
@@ -339,4 +556,12 @@ class ModelConfig(Section):
         )
 
 
-__all__ = ["ROPE_SCALINGS", "ModelConfig", "RopeScalingConfig", "rotary_dims_from_fraction"]
+__all__ = [
+    "PAIR_STRATEGIES",
+    "ROPE_SCALINGS",
+    "ModelConfig",
+    "RopePairsConfig",
+    "RopeScalingConfig",
+    "rotary_dims_from_fraction",
+    "strategy_pairs",
+]

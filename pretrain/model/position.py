@@ -21,6 +21,12 @@ pair rotated at inverse frequency f_j. The dims past r pass through. The spectru
   lowest dropped (their dims pass through, as NoPE). p-RoPE at theta equals NeoX at
   theta^(r/head_dim) on the same dims; at r = head_dim both are full RoPE.
 
+**Or which pairs rotate** (`model.rope_pairs`, docs/pair_selection.md): full RoPE's layout
+and frequencies (pair j = dims j and j + head_dim/2 at theta^(-2j/head_dim)), of which each KV
+head keeps the pairs its selection lists (its query heads follow it) and passes the others
+through. The layer reads full RoPE's cache (rotary_dims = head_dim) and its attention holds a
+bool mask of the kept dims (model/attention.py `PairMask`); a layer that keeps no pair is NoPE.
+
 **One cache per distinct setting.** Layers with the same (rotary_dims, theta, spectrum) read
 one `RotaryEmbedding` (fp32 cos/sin, pretrain/model/rope.py); a model with one setting (every
 config before per-layer positions) holds exactly the one cache it held before, under the same
@@ -81,6 +87,20 @@ class LayerPosition:
             return self.rotary_dims // 2
         return len(set().union(*self.pairs))
 
+    def kept_dims(self) -> torch.Tensor | None:
+        """Under a selection, which dims of each KV head rotate: (KV heads, 1, head_dim)
+        bool, on the CPU whatever device the model is built on (a meta build must hold it);
+        None without one."""
+        if self.pairs is None:
+            return None
+        half = self.head_dim // 2
+        keep = torch.zeros(len(self.pairs), 1, self.head_dim, dtype=torch.bool, device="cpu")
+        for g, kept in enumerate(self.pairs):
+            index = torch.tensor(kept, dtype=torch.long, device="cpu")
+            keep[g, 0, index] = True
+            keep[g, 0, index + half] = True
+        return keep
+
     @property
     def spectrum_dims(self) -> int | None:
         """The d of theta^(-2j/d): None = the rotary dims (NeoX), head_dim for p-RoPE."""
@@ -96,8 +116,13 @@ class LayerPosition:
         return inverse_frequencies(self.rotary_dims, self.theta, spectrum_dims=self.spectrum_dims)
 
     def describe(self) -> str:
-        """One line: 'RoPE 16/64 (neox, theta 10000), sliding 512, ALiBi'."""
-        if self.rope:
+        """One line: 'RoPE 16/64 (neox, theta 10000), sliding 512, ALiBi'; under a selection
+        'RoPE pairs 8/32 per KV head (theta 10000)' (a range where the heads differ)."""
+        if self.pairs is not None:
+            counts = sorted({len(kept) for kept in self.pairs})
+            n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+            pos = f"RoPE pairs {n}/{self.head_dim // 2} per KV head (theta {self.theta:g})"
+        elif self.rope:
             pos = f"RoPE {self.rotary_dims}/{self.head_dim} ({self.spectrum}, theta {self.theta:g})"
         else:
             pos = "NoPE"
@@ -109,12 +134,20 @@ def layer_positions(cfg: ModelConfig) -> list[LayerPosition]:
     """Every layer's position settings from the config (the one place that reads them)."""
     nope, types = cfg.nope_layer_set, cfg.attention_types
     sliding_anywhere = "sliding" in types
+    selected = cfg.rope_pairs.selected if cfg.rope_pairs is not None else None
     out = []
     for i in range(cfg.n_layers):
         sliding = types[i] == "sliding"
         theta = cfg.rope_theta
         if sliding_anywhere and not sliding and cfg.global_rope_theta is not None:
             theta = cfg.global_rope_theta
+        pairs = None
+        if selected is not None:
+            # a layer whose KV heads keep no pair is NoPE (a selection's NoPE layers are such)
+            if not any(selected[i]):
+                nope = nope | {i}
+            else:
+                pairs = tuple(tuple(kept) for kept in selected[i])
         out.append(
             LayerPosition(
                 layer=i,
@@ -125,6 +158,7 @@ def layer_positions(cfg: ModelConfig) -> list[LayerPosition]:
                 attention="sliding" if sliding else "full",
                 window=cfg.sliding_window if sliding else None,
                 alibi=cfg.alibi,
+                pairs=pairs,
             )
         )
     return out
@@ -209,7 +243,8 @@ class Positions(RotaryEmbedding):
         return self._per_layer(tables)
 
     def cache_bytes(self, max_seq_len: int | None = None) -> int:
-        """fp32 bytes of every cache at `max_seq_len` positions (default: as built)."""
+        """fp32 bytes of every cache at `max_seq_len` positions (default: as built). A pair
+        selection's layers read full RoPE's table (T x head_dim), whatever they keep."""
         return sum(
             rope_cache_bytes(max_seq_len or c.max_seq_len, c.rotary_dims, 4) for c in self.caches
         )

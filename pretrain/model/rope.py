@@ -195,7 +195,9 @@ class _ApplyRope(torch.autograd.Function):
     (tests/test_model_rope.py)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
         r = cos.shape[-1]
         # Memory layouts as the plain expression's (a full rotation keeps x's strides, the
         # concatenation of a partial one is contiguous): later reductions sum in that order.
@@ -203,13 +205,15 @@ class _ApplyRope(torch.autograd.Function):
         if r < x.shape[-1]:
             out[..., r:] = x[..., r:]
         _rotate_into(out, x[..., :r].float(), cos, sin)  # .float(): no copy for fp32 x
-        ctx.save_for_backward(cos, sin)
+        if keep is not None:  # a pair selection: the other pairs as they came, in place
+            torch.where(keep, out, x, out=out)
+        ctx.save_for_backward(cos, sin, keep)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        cos, sin = ctx.saved_tensors
+        cos, sin, keep = ctx.saved_tensors
         r = cos.shape[-1]
         # The inverse rotation is the rotation by -sin: x1 = g1 cos + g2 sin, x2 = g2 cos -
         # g1 sin, the same products and sums autograd formed through rotate_half.
@@ -217,16 +221,25 @@ class _ApplyRope(torch.autograd.Function):
         if r < grad.shape[-1]:
             dx[..., r:] = grad[..., r:]
         _rotate_into(dx, grad[..., :r].float(), cos, -sin)
-        return dx, None, None
+        if keep is not None:  # a pass-through pair's gradient is the one that came
+            torch.where(keep, dx, grad, out=dx)
+        return dx, None, None, None
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keep: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rotate the first cos.shape[-1] dims of x (..., T, head_dim) by cos/sin (T, r).
 
     The rotation runs in fp32 (the cache's precision) and the result is cast back to x's
     dtype, so a bf16 model loses no positional precision to a bf16 cache. Same numbers as
     `x_rot * cos + rotate_half(x_rot) * sin` on x_rot = x[..., :r].float(), concatenated with
     the dims past r (`apply_rope_reference`), with fewer copies (`_ApplyRope`).
+
+    `keep` (a pair selection, model.rope_pairs): a bool (heads, 1, head_dim) mask of the
+    dims that rotate, with cos/sin of the whole head; the other dims keep x's values
+    exactly. One rotation of the whole head and one in-place select: the cost of full RoPE
+    plus a pass over q and k, with no per-head cos/sin table.
     """
     if cos.shape[-1] == 0:
         return x
@@ -234,17 +247,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         # Inference (evaluation, decoding): the plain expression, the same numbers. The
         # Function pays off through what it saves for the backward; without one, evaluation
         # and generation run exactly the code they ran before it.
-        return apply_rope_reference(x, cos, sin)
-    return _ApplyRope.apply(x, cos, sin)
+        return apply_rope_reference(x, cos, sin, keep)
+    return _ApplyRope.apply(x, cos, sin, keep)
 
 
-def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope_reference(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keep: torch.Tensor | None = None
+) -> torch.Tensor:
     """The plain autograd expression `apply_rope` equals (kept as the tests' reference)."""
     r = cos.shape[-1]
     if r == 0:
         return x
     x_rot = x[..., :r].float()
     out = x_rot * cos + rotate_half(x_rot) * sin
+    if keep is not None:
+        return torch.where(keep, out.to(x.dtype), x)
     if r == x.shape[-1]:
         return out.to(x.dtype)
     return torch.cat((out.to(x.dtype), x[..., r:]), dim=-1)

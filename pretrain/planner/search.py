@@ -295,7 +295,10 @@ def plan_run(
         groups, world_size, t.precision, t.grad_accum_dtype, t.zero_stage, fused, t.deepspeed
     )
     static = dict(ds.static)
-    static["RoPE cos/sin cache"] = _meta_model(cfg.model).rope.cache_bytes()
+    meta = _meta_model(cfg.model)
+    static["RoPE cos/sin cache"] = meta.rope.cache_bytes()
+    # a pair selection's masks (model.rope_pairs), one per layer, on the device once
+    static["RoPE pair masks"] = sum(b.attn.pairs.nbytes for b in meta.blocks if b.attn.pairs)
     if target == "cuda":
         static["cuBLAS workspaces"] = CUBLAS_WORKSPACE
     static.update(document_buffers(cfg, mb, target))

@@ -14,6 +14,9 @@ One config describes Llama-style and Pythia-style models and everything between:
     rope_spectrum  "neox": inverse frequencies theta^(-2j/rotary_dims) (GPT-NeoX's rotary_pct);
                  "p_rope": theta^(-2j/head_dim), full RoPE's highest rotary_dims/2 (p-RoPE)
     nope_layers  0-based layers without RoPE (NoPE layers among RoPE ones), or None
+    rope_pairs   a pair selection, or None: per layer, per key/value head, the pairs j that
+                 rotate (dims j and j + head_dim/2 at theta^(-2j/head_dim), full RoPE's
+                 layout; query heads follow their group); the other dims pass through
     sliding_window, layer_types  a "sliding_attention" layer's query sees itself and the
                  sliding_window - 1 tokens before it; "full_attention" every earlier token
                  (transformers' names: its DynamicCache keeps W - 1 keys of a sliding layer)
@@ -53,6 +56,7 @@ class RopeLMConfig(PretrainedConfig):
         rotary_scaling: dict | None = None,
         rope_spectrum: str = "neox",
         nope_layers: list | None = None,
+        rope_pairs: list | None = None,
         sliding_window: int | None = None,
         layer_types: list | None = None,
         global_rope_theta: float | None = None,
@@ -95,6 +99,19 @@ class RopeLMConfig(PretrainedConfig):
         nope_layers = sorted(int(i) for i in nope_layers or ())
         if any(not 0 <= i < num_hidden_layers for i in nope_layers):
             raise ValueError(f"nope_layers {nope_layers} must be in [0, {num_hidden_layers})")
+        if rope_pairs is not None:
+            rope_pairs = [[sorted(int(j) for j in kept) for kept in layer] for layer in rope_pairs]
+            shape_ok = len(rope_pairs) == num_hidden_layers and all(
+                len(layer) == num_key_value_heads for layer in rope_pairs
+            )
+            if not shape_ok or rotary_dims != head_dim or rope_spectrum != "neox":
+                raise ValueError(
+                    f"rope_pairs: one list per key/value head ({num_key_value_heads}) for each "
+                    f"of the {num_hidden_layers} layers, with rotary_dims = head_dim and the "
+                    f"neox spectrum"
+                )
+            if any(not 0 <= j < head_dim // 2 for layer in rope_pairs for k in layer for j in k):
+                raise ValueError(f"rope_pairs: a pair index outside [0, {head_dim // 2})")
         # Always a list: transformers' masks for generate() and its caches read it when the
         # attribute exists. No sliding_window: every layer full; no list: every layer slides.
         if layer_types is None:
@@ -133,6 +150,7 @@ class RopeLMConfig(PretrainedConfig):
             raise ValueError("rotary_scaling of a p_rope spectrum is not supported")
         self.rope_spectrum = rope_spectrum
         self.nope_layers = nope_layers or None
+        self.rope_pairs = rope_pairs
         self.sliding_window = sliding_window
         self.layer_types = layer_types
         self.global_rope_theta = None if global_rope_theta is None else float(global_rope_theta)

@@ -18,7 +18,9 @@ rotation in fp32; causal softmax attention (SDPA). RMSNorm normalizes in fp32 an
 before the weight, as Llama does.
 
 Per layer (`layer_settings`, the toolkit's pretrain/model/position.py): NoPE layers
-(`nope_layers`) rotate nothing; a "sliding_attention" layer (`layer_types`) lets a query see
+(`nope_layers`) rotate nothing; a pair selection (`rope_pairs`) rotates, of each key/value
+head and its query heads, only the pairs j it lists (dims j and j + head_dim/2 at
+theta^(-2j/head_dim)) and passes the other dims through (a layer that lists none is NoPE); a "sliding_attention" layer (`layer_types`) lets a query see
 itself and the `sliding_window` - 1 tokens before it; the full-attention layers of a model
 with sliding ones use `global_rope_theta` when set; `alibi` adds -slope_h x (i - j) to the
 scaled logits (Press et al.'s slopes), i - j the distance between cache slots.
@@ -93,15 +95,30 @@ def layer_settings(config: RopeLMConfig) -> list[tuple[int, float, int | None, i
     global_theta = getattr(config, "global_rope_theta", None)
     p_rope = getattr(config, "rope_spectrum", "neox") == "p_rope"
     out = []
+    pairs = getattr(config, "rope_pairs", None)
     for i in range(n):
         sliding = types[i] == "sliding_attention"
         theta = config.rope_theta
         if sliding_anywhere and not sliding and global_theta is not None:
             theta = global_theta
-        r = 0 if i in nope else config.rotary_dims
+        r = 0 if i in nope or (pairs is not None and not any(pairs[i])) else config.rotary_dims
         window = config.sliding_window if sliding else None
         out.append((r, theta, config.head_dim if p_rope else None, window))
     return out
+
+
+def kept_dims(config: RopeLMConfig, layer: int) -> torch.Tensor | None:
+    """The dims that rotate under a pair selection: (kv_heads, 1, head_dim) bool on the CPU
+    (a meta build must hold it), None without one."""
+    pairs = getattr(config, "rope_pairs", None)
+    if pairs is None:
+        return None
+    D = config.head_dim
+    keep = torch.zeros(config.num_key_value_heads, 1, D, dtype=torch.bool, device="cpu")
+    for g, kept in enumerate(pairs[layer]):
+        for j in kept:
+            keep[g, 0, j] = keep[g, 0, j + D // 2] = True
+    return keep
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -197,13 +214,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first cos.shape[-1] dims of x (B, H, T, head_dim) in fp32; the rest pass."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keep=None) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of x (B, H, T, head_dim) in fp32; the rest pass.
+    `keep` (H, 1, head_dim) bool: a pair selection, the dims it does not keep pass too."""
     r = cos.shape[-1]
     if r == 0:
         return x
     x_rot = x[..., :r].float()
     out = (x_rot * cos + rotate_half(x_rot) * sin).to(x.dtype)
+    if keep is not None:
+        return torch.where(keep, out, x)
     return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
 
@@ -227,6 +247,12 @@ class RopeLMAttention(nn.Module):
         self.softcap = getattr(config, "attn_logit_softcap", 0.0)
         self.window = layer_settings(config)[layer_idx][3]
         self.alibi = bool(getattr(config, "alibi", False))
+        self.keep_k = kept_dims(config, layer_idx)  # a pair selection's dims, or None
+        self.keep_q = (
+            None
+            if self.keep_k is None
+            else self.keep_k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)
+        )
 
     def forward(self, x, cos, sin, padding_mask, past_key_values: Cache | None = None):
         B, T, _ = x.shape
@@ -236,7 +262,11 @@ class RopeLMAttention(nn.Module):
         v = self.v_proj(x).view(B, T, KV, D).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.keep_k is None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:
+            keep_q, keep_k = self.keep_q.to(x.device), self.keep_k.to(x.device)
+            q, k = apply_rope(q, cos, sin, keep_q), apply_rope(k, cos, sin, keep_k)
         past = 0
         if past_key_values is not None:
             past = past_key_values.get_seq_length(self.layer_idx)

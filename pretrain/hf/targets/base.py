@@ -125,9 +125,15 @@ def position_limits(
     """What a native class cannot hold of the per-layer positions (`layer_positions`):
     NoPE layers among RoPE ones unless it has `nope_layers` (SmolLM3's no_rope_layers),
     sliding windows unless it has `sliding` ones, and RoPE layers of different thetas
-    (model.global_rope_theta), which no native class exported so far holds."""
+    (model.global_rope_theta) or a pair selection (model.rope_pairs: per KV head, in full
+    RoPE's layout), which no native class exported so far holds."""
     positions, problems = layer_positions(cfg), []
-    if not nope_layers and cfg.rope_dims > 0 and any(not p.rope for p in positions):
+    if cfg.rope_pairs is not None:  # (its NoPE layers are the selection's: this line says it)
+        problems.append(
+            f"{class_name} rotates the same dims of every head; a pair selection "
+            f"(model.rope_pairs: {cfg.rope_pairs.describe(cfg.head_dim)}) is not representable"
+        )
+    elif not nope_layers and cfg.rope_dims > 0 and any(not p.rope for p in positions):
         spelled = (
             f"nope_every: {cfg.nope_every}"
             if cfg.nope_every is not None

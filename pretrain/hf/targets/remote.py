@@ -5,7 +5,8 @@ the target when no native class holds a model exactly.
 Weights: Llama's names (`llama.llama_tensor_map`), plus the tensors Llama has no place for:
 learned positions (model.embed_positions), QK-Norm (self_attn.q_norm / k_norm), and a GeLU
 MLP's single input matrix (mlp.up_proj). Positions by layer (NoPE layers, spectrum, sliding
-windows, global theta, ALiBi) are RopeLMConfig fields of the same meaning as ours.
+windows, global theta, ALiBi, a pair selection) are RopeLMConfig fields of the same meaning
+as ours.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class RopeLM(Target):
             # positions by layer, as pretrain/model/position.py reads them from our config
             rope_spectrum=cfg.rope_spectrum,
             nope_layers=sorted(cfg.nope_layer_set) if cfg.rope_dims else None,
+            rope_pairs=cfg.rope_pairs.selected if cfg.rope_pairs is not None else None,
             sliding_window=cfg.sliding_window,
             layer_types=[LAYER_TYPES[t] for t in cfg.attention_types]
             if cfg.sliding_window is not None
@@ -80,6 +82,7 @@ class RopeLM(Target):
         scaling = from_dict(RopeScalingConfig, raw, "rotary_scaling") if raw else None
         types = list(getattr(hf_cfg, "layer_types", None) or ())
         window = getattr(hf_cfg, "sliding_window", None) if "sliding_attention" in types else None
+        pairs = getattr(hf_cfg, "rope_pairs", None)
         return ModelConfig(
             **common_model_fields(hf_cfg, float(hf_cfg.rope_theta), scaling),
             n_kv_heads=hf_cfg.num_key_value_heads,
@@ -98,6 +101,7 @@ class RopeLM(Target):
             # folders exported before per-layer positions have none of these fields
             rope_spectrum=getattr(hf_cfg, "rope_spectrum", "neox"),
             nope_layers=list(getattr(hf_cfg, "nope_layers", None) or ()) or None,
+            rope_pairs=None if pairs is None else {"selected": pairs},
             sliding_window=window,
             layer_types=None if window is None else [t.split("_")[0] for t in types],
             global_rope_theta=getattr(hf_cfg, "global_rope_theta", None) if window else None,
