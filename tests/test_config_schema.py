@@ -184,6 +184,23 @@ COMPANIONS: dict[str, dict[str, object]] = {
     "model.sliding_window_pattern": {"model.sliding_window": 4},
     "model.global_rope_theta": {"model.sliding_window": 4, "model.sliding_window_pattern": 2},
     "model.layer_types[0]": {"model.sliding_window": 4, "model.n_layers": 1},
+    # a pair selection of one layer of one 8-dim head (4 pairs), as given or from a strategy
+    "model.rope_pairs": {
+        "model.n_layers": 1,
+        "model.d_model": 8,
+        "model.n_heads": 1,
+        "model.rope_pairs.selected": [[[0]]],
+    },
+    "model.rope_pairs.strategy=low": {"model.rope_pairs.selected": [[[3]]]},  # the lowest
+    "model.rope_pairs.strategy=usage": {"model.rope_pairs.usage_map": "frequency_use.json"},
+    "model.rope_pairs.pairs": {
+        "model.rope_pairs.strategy": "high",
+        "model.rope_pairs.selected": None,
+    },
+    "model.rope_pairs.fraction": {
+        "model.rope_pairs.strategy": "high",
+        "model.rope_pairs.selected": None,
+    },
 }
 
 
