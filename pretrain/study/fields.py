@@ -78,22 +78,11 @@ def refuse_unknown_fields(w: Where, where: str, data: dict, known: tuple[str, ..
 
 @dataclass(frozen=True)
 class AxisValue:
-    label: str
     settings: dict[str, Any]  # dotted config key -> value
     text: str  # {AXIS.text} in descriptions; the label when not given
 
 
-@dataclass(frozen=True)
-class Axis:
-    name: str
-    values: tuple[AxisValue, ...]
-
-    def value(self, label: str) -> AxisValue | None:
-        return next((v for v in self.values if v.label == label), None)
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return tuple(v.label for v in self.values)
+Axis = dict[str, AxisValue]  # label -> value, in the file's order
 
 
 @dataclass(frozen=True)
@@ -172,11 +161,11 @@ def parse_axis(w: Where, name: str, spec: Any) -> Axis:
         if label in out:
             raise w.error(where, f"label {label!r} appears twice", "give every value its own label")
         settings = _settings(w, f"{where} value {label}", keys, value)
-        out[label] = AxisValue(label, settings, str(texts.get(label, label)))
+        out[label] = AxisValue(settings, str(texts.get(label, label)))
     for label in texts:
         if label not in out:
             raise w.error(where, f"text for {label!r}, which is not a value", "use a value's label")
-    return Axis(str(name), tuple(out.values()))
+    return out
 
 
 def _settings(w: Where, where: str, keys: list[str] | None, value: Any) -> dict:
@@ -207,17 +196,15 @@ def _axis_labels(
     axis = axes.get(str(name))
     if axis is None:
         raise w.error(where, f"unknown axis {name!r}{did_you_mean(str(name), axes)}", fix)
-    if labels is None:
-        return axis.name, axis.labels
-    chosen = tuple(label_of(x) or str(x) for x in labels)
+    chosen = tuple(axis) if labels is None else tuple(label_of(x) or str(x) for x in labels)
     for lab in chosen:
-        if axis.value(lab) is None:
+        if lab not in axis:
             raise w.error(
                 f"{where} axis {name}",
-                f"no value labelled {lab!r}{did_you_mean(lab, axis.labels)}",
-                f"use one of {', '.join(axis.labels)}",
+                f"no value labelled {lab!r}{did_you_mean(lab, axis)}",
+                f"use one of {', '.join(axis)}",
             )
-    return axis.name, chosen
+    return str(name), chosen
 
 
 def parse_grid_entries(

@@ -1,11 +1,6 @@
-"""The study file's schema: its fields, their types and descriptions, unknown ones refused.
-
-pydantic checks the file's shape (every field known, with did-you-mean; the simple fields'
-types) and publishes it as a JSON Schema (tools/config_schema.py) for editors; what the fields
-mean together (axes and their labels, the grid, exclusions, rules, templates) is checked as
-the runs are expanded (pretrain/study/spec.py, fields.py), and every run's config through the
-run loader itself (pretrain/config.py). Loading a study imports no torch.
-"""
+"""The study file's schema (docs/studies.md, "The study file"): pydantic checks its shape and
+publishes it as schemas/study.schema.json; what the fields mean together is checked as the
+runs are expanded (spec.py), each run's config by the run loader itself."""
 
 from __future__ import annotations
 
@@ -13,14 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from pretrain.schema import (
-    Int,
-    Section,
-    config_error,
-    did_you_mean,
-    validate_section,
-    yaml_keys,
-)
+from pretrain.schema import Int, Section, config_error, did_you_mean, validate_section, yaml_keys
 
 GPUS = ("h100", "h200")
 

@@ -102,10 +102,7 @@ def eval_arguments(text: str | None) -> list[str]:
 
 
 def report_skipped(
-    runs: Sequence[StudyRun],
-    rows: Mapping[str, RunStatus],
-    chosen: Sequence[StudyRun],
-    echo: Echo,
+    runs: Sequence[StudyRun], rows: Mapping[str, RunStatus], chosen: Sequence[StudyRun], echo: Echo
 ) -> list[tuple[str, str]]:
     """Say why each of `runs` that is not `chosen` is skipped; (run name, state) of each."""
     skipped = []

@@ -32,7 +32,6 @@ from pretrain.study.fields import (
     LABEL,
     SCRIPT_HEADER,
     STUDY_GENERATED,
-    Axis,
     Entry,
     Grid,
     StudyError,
@@ -182,7 +181,7 @@ class _Loader:
         elif "product" in g:
             entries = parse_grid_entries(self.w, f"{where} product", g["product"], self.axes)
         else:
-            entries = [((a.name, a.labels),) for a in self.axes.values()]
+            entries = [((a, tuple(labels)),) for a, labels in self.axes.items()]
         default_name = "_".join(f"{a}{{{a}}}" for e in entries for a, _ in e) or self.name
         slurm = g.get("slurm") or {}
         if slurm and self.slurm_spec is None:
@@ -244,7 +243,7 @@ class _Loader:
             max_running=self.max_running,
             array_script=None
             if slurm is None
-            else self._render("layout array_script", "array_script", {"study": self.name}),
+            else self._render("array_script", {"study": self.name}),
             headers=Headers(
                 config=headers.config or CONFIG_HEADER,
                 script=headers.script or SCRIPT_HEADER,
@@ -254,8 +253,8 @@ class _Loader:
         )
         return as_array(study) if self.array else study
 
-    def _render(self, where: str, layout: str, fields: dict[str, str]) -> str:
-        return render_template(self.w, where, self.layout[layout], fields)
+    def _render(self, layout: str, fields: dict[str, str]) -> str:
+        return render_template(self.w, f"layout {layout}", self.layout[layout], fields)
 
     def _run(self, grid: Grid, picked: dict[str, str], seed: int | None) -> StudyRun:
         w = self.w
@@ -263,7 +262,7 @@ class _Loader:
         values = {"study": self.name}
         for a, lab in labels.items():
             values[a] = lab
-            values[f"{a}.text"] = self.axes[a].value(lab).text  # type: ignore[union-attr]
+            values[f"{a}.text"] = self.axes[a][lab].text
         stem = render_template(w, f"{grid.where} run_name", grid.run_name, values)
         if not LABEL.match(stem):
             raise w.error(
@@ -286,18 +285,16 @@ class _Loader:
         description = render_template(
             w, f"{grid.where} run_description", grid.run_description, names
         )
-        config_path = self._render("layout config", "config", names)
+        config_path = self._render("config", names)
         # A config path without {name} or {seed}: the group's seeds share one file.
-        shared = seed is not None and config_path == self._render(
-            "layout config", "config", stem_names
-        )
-        run_dir = self._render("layout run_dir", "run_dir", names)
-        job_name = self._render("layout job_name", "job_name", names)
+        shared = seed is not None and config_path == self._render("config", stem_names)
+        run_dir = self._render("run_dir", names)
+        job_name = self._render("job_name", names)
 
         compact = copy.deepcopy(self.base)
         source: dict[str, str] = {}  # config key -> what set it, for the refusals
         for a, lab in labels.items():
-            for key, value in self.axes[a].value(lab).settings.items():  # type: ignore[union-attr]
+            for key, value in self.axes[a][lab].settings.items():
                 if key in source:
                     raise w.error(
                         where,
@@ -311,9 +308,7 @@ class _Loader:
         self._apply_rules(compact, source, where)
         overrides: tuple[str, ...] = ()
         if shared:  # the file holds the group's run folder; each run its own seed and folder
-            set_key(
-                compact, "logging.run_dir", self._render("layout run_dir", "run_dir", stem_names)
-            )
+            set_key(compact, "logging.run_dir", self._render("run_dir", stem_names))
             overrides = (f"{self.seed_key}={seed}", f"logging.run_dir={run_dir}")
         else:
             set_key(compact, "logging.run_dir", run_dir)
@@ -332,7 +327,7 @@ class _Loader:
             group=group,
             config=self._resolve(compact, list(overrides), slurm, where, source),
             config_path=config_path,
-            script_path=self._render("layout script", "script", names)
+            script_path=self._render("script", names)
             if slurm is not None and not self.array
             else None,
             run_dir=run_dir,
@@ -453,13 +448,13 @@ class _Loader:
             )
         out = {}
         for a, lab in spec.items():
-            axis: Axis | None = self.axes.get(a)
+            axis = self.axes.get(a)
             lab = label_of(lab) or str(lab)
-            if axis is None or axis.value(lab) is None:
+            if axis is None or lab not in axis:
                 raise self.w.error(
                     f"baseline {a}",
                     f"{a}={lab} is not a value of the study"
-                    + did_you_mean(lab if axis else a, axis.labels if axis else self.axes),
+                    + did_you_mean(lab if axis else a, axis or self.axes),
                     "name an axis and one of its labels",
                 )
             out[a] = lab

@@ -134,17 +134,12 @@ def write_study(
 
 
 def stale_files(
-    studies: list[Study],
-    repo: Path,
-    folders: tuple[str, ...] = (),
-    array: bool = False,
-    max_running: int | None = None,
+    studies: list[Study], repo: Path, array: bool = False, max_running: int | None = None
 ) -> list[str]:
     """What `study write --check` lists: the studies' files that are missing or differ from
-    what `write` (with `array`, `max_running`) writes, then files in `folders` and the
-    studies' own folders that carry a study's `generated` line but that no run writes any
-    more (the per-run scripts and the job array, whichever `array` leaves out, still count
-    as written)."""
+    what `write` (with `array`, `max_running`) writes, then files in their folders that carry
+    a study's `generated` line but that no run writes any more (the per-run scripts and the
+    job array, whichever `array` leaves out, still count as written)."""
     want: dict[str, str] = {}
     known: set[str] = set()  # every path a study writes, one script per run or as an array
     for study in studies:
@@ -159,7 +154,7 @@ def stale_files(
         p for p, text in want.items() if not (repo / p).is_file() or (repo / p).read_text() != text
     ]
     marks = {s.headers.generated for s in studies if s.headers is not None}
-    for d in sorted({str(Path(p).parent) for p in want} | set(folders)):
+    for d in sorted({str(Path(p).parent) for p in want}):
         for path in sorted((repo / d).glob("*")):
             rel = path.relative_to(repo).as_posix()
             if not path.is_file() or path.suffix not in (".yaml", ".sh") or rel in known:
