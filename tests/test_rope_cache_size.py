@@ -232,8 +232,23 @@ def test_kv_formulas_against_independent_arithmetic():
         assert llama[pos].latent_bytes(1, 16, 2) == (8 * 16 + 8 * r) * 16 * 2
     # 10% of 64 dims is 6 (the paper's Appendix A); its cos/sin table 2 x T x 6 x 4 bytes.
     assert llama["10% RoPE"].table_bytes(1000) == 2 * 1000 * 6 * 4
-    assert llama["1/8 of pairs"].table_bytes(1000) == 2 * 1000 * 8 * 4
+    assert llama["1/8 of pairs"].kept_table_bytes(1000) == 2 * 1000 * 8 * 4
     assert llama["NoPE"].table_bytes(1000) == 0
+
+    # A selection that keeps other pairs in each KV head: the same K+V and latent bytes, the
+    # union of 8 heads x 4 pairs is all 32 of the table's (which our model holds whole).
+    from pretrain.analysis.kv_cache import selection_variants
+
+    sel = {
+        label: model_kv(c, "llama1b", label)
+        for label, c in selection_variants(load_preset("llama1b"))
+    }
+    high, apart = sel["rope_pairs=high 1/8"], sel["rope_pairs=apart 1/8"]
+    assert high.rotary_dims == apart.rotary_dims == [8] * 16 * 8
+    assert apart.latent_bytes(5, 16, 2) == high.latent_bytes(5, 16, 2) == 5 * 6 * 1024
+    assert high.kept_table_bytes(1000) == 2 * 1000 * 2 * 4 * 4
+    assert apart.kept_table_bytes(1000) == 2 * 1000 * 2 * 32 * 4
+    assert high.table_bytes(1000) == apart.table_bytes(1000) == 2 * 1000 * 64 * 4
 
     # MHA2MLA's SmolLM-135M (30 layers, 9 heads, 3 KV heads, head_dim 64) at its
     # rope_dim_for_mla = 8 and low_rank d_kv = 8, 16, 32: its paper's -87.5%, -81.25%, -68.75%.
@@ -316,12 +331,23 @@ def test_kv_table_rows_and_plot(tmp_path, capsys):
         dims |= {"10% RoPE": even_dims("0.1", hd), "NoPE": 0}
         assert [r[0] for r in per_token] == [p for p in dims for _ in (8, 16)]
         for row in per_token:
-            pos, r, d_kv = row[0], dims[row[0]], int(row[5])
+            pos, r, d_kv = row[0], dims[row[0]], int(row[6])
             latent = layers * (kv_heads * d_kv + kv_heads * r) * 2
-            assert row[1:5] == [str(r), str(hd - r), str(2 * r * 4), str(kv_token)]
-            assert row[6:] == [str(latent), f"{100 * latent / kv_token:.2f}%"]
+            # A selection's layers read full RoPE's table (head_dim dims a position); the
+            # pairs it keeps, the same in every head (strategy high), need r of them.
+            held = hd if "pairs" in pos else r
+            assert row[1:6] == [
+                str(r),
+                str(hd - r),
+                str(2 * held * 4),
+                str(2 * r * 4),
+                str(kv_token),
+            ]
+            assert row[7:] == [str(latent), f"{100 * latent / kv_token:.2f}%"]
             assert at[(pos, f"latent d_kv={d_kv}")] == [str(latent * T) for T in seq]
-            assert at[(pos, "cos/sin tables")] == [str(2 * T * r * 4) for T in seq]
+            assert at[(pos, "cos/sin tables")] == [str(2 * T * held * 4) for T in seq]
+            kept = at.get((pos, "cos/sin of kept pairs"), at[(pos, "cos/sin tables")])
+            assert kept == [str(2 * T * r * 4) for T in seq]
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20000
     width, height = struct.unpack(">II", data[16:24])
@@ -344,3 +370,18 @@ def test_kv_bad_flag_is_one_line_error(args, names, capsys, monkeypatch):
     code = main(args)
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and names in err, err
+
+
+def test_docs_kv_tables_are_what_the_tool_prints(capsys):
+    # docs/pair_selection.md, "The KV cache a selection frees": its command and its tables.
+    from pretrain.cli.rope_cache_size import main
+
+    doc = (REPO / "docs" / "pair_selection.md").read_text()
+    section = doc[doc.index("## The KV cache a selection frees") :]
+    command = "python tools/rope_cache_size.py --kv --markdown --seq-lens 32k,1M"
+    assert f"`{command}`" in section
+    assert main(command.split()[2:]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed.count("| latent d_kv=") == 3 * 5 and printed in section, (
+        "docs/pair_selection.md's KV tables are stale; paste what this prints:\n" + command
+    )

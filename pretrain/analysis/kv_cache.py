@@ -43,11 +43,19 @@ from pathlib import Path
 
 import torch
 
-from pretrain.analysis.rope_cache import KI, MI, PRECISION_BYTES, human_bytes
+from pretrain.analysis.rope_cache import (
+    KI,
+    MI,
+    PRECISION_BYTES,
+    CheckResult,
+    human_bytes,
+    measure_rope_bytes,
+)
 from pretrain.config import ConfigError, ModelConfig
 from pretrain.model.attention import KVCache
 from pretrain.model.position import LayerPosition, layer_positions
 from pretrain.model.rope import rope_cache_bytes
+from pretrain.model.transformer import Transformer
 from pretrain.run_layout import atomic_write
 from pretrain.tables import pipe_table, text_table
 
@@ -67,7 +75,8 @@ class LayerKV:
     head_dim: int
     rotary_dims: tuple[int, ...]  # per KV head
     table: Hashable | None  # layers with one key read one cos/sin table; None = NoPE
-    table_frequencies: int
+    table_dims: int  # the dims of each position that table holds (a selection: head_dim)
+    frequencies: frozenset[int]  # the table's pairs this layer rotates with (any KV head)
     window: int | None
 
     def cached_tokens(self, seq_len: int) -> int:
@@ -92,13 +101,21 @@ def layer_kv(cfg: ModelConfig) -> tuple[LayerKV, ...]:
 
 
 def _layer_kv(p: LayerPosition, kv_heads: int) -> LayerKV:
+    # Which of the table's pairs: a selection names them (pair j = frequency j of full RoPE,
+    # the table's j-th); otherwise the layer rotates with all of its table's.
+    kept = frozenset(range(p.cache_frequencies()))
+    if p.pairs is not None:
+        kept = frozenset().union(*p.pairs)
+        if len(kept) != p.cache_frequencies():
+            raise AssertionError(f"layer {p.layer}: {len(kept)} kept pairs, not cache_frequencies")
     return LayerKV(
         layer=p.layer,
         kv_heads=kv_heads,
         head_dim=p.head_dim,
         rotary_dims=p.kv_rotary_dims(kv_heads),
         table=p.cache_key if p.rope else None,
-        table_frequencies=p.cache_frequencies(),
+        table_dims=p.rotary_dims,
+        frequencies=kept,
         window=p.window,
     )
 
@@ -120,8 +137,17 @@ class ModelKV:
         )
 
     def table_bytes(self, seq_len: int) -> int:
-        tables = {ly.table: ly.table_frequencies for ly in self.layers if ly.table is not None}
-        return sum(rope_cache_bytes(seq_len, 2 * f, TABLE_BYTES) for f in tables.values())
+        """The cos/sin tables our model holds: one per distinct setting, all its dims."""
+        tables = {ly.table: ly.table_dims for ly in self.layers if ly.table is not None}
+        return sum(rope_cache_bytes(seq_len, r, TABLE_BYTES) for r in tables.values())
+
+    def kept_table_bytes(self, seq_len: int) -> int:
+        """The cos/sin tables of the frequencies some layer rotates with, and no others."""
+        kept: dict[Hashable, set[int]] = {}
+        for ly in self.layers:
+            if ly.table is not None:
+                kept.setdefault(ly.table, set()).update(ly.frequencies)
+        return sum(rope_cache_bytes(seq_len, 2 * len(f), TABLE_BYTES) for f in kept.values())
 
     @property
     def rotary_dims(self) -> list[int]:
@@ -160,22 +186,32 @@ def position_variants(cfg: ModelConfig) -> list[tuple[str, ModelConfig]]:
 
 def _fraction(cfg: ModelConfig, fraction: float) -> ModelConfig | None:
     try:
-        return cfg.replace(rope_fraction=fraction, rotary_dims=None)
+        return cfg.replace(rope_fraction=fraction, rotary_dims=None, rope_pairs=None)
     except ConfigError:
         return None  # a fraction that rounds to 0 dims of this head_dim
 
 
 def _pair_share(cfg: ModelConfig, one_in: int) -> ModelConfig | None:
-    """head_dim / (2 one_in) of each KV head's head_dim / 2 pairs: the highest frequencies,
-    the same in every head (MHA2MLA's S_high); any selection of that many pairs per head caches
-    the same K+V and latent bytes."""
+    """head_dim / (2 one_in) of each KV head's head_dim / 2 pairs, the highest frequencies in
+    every head (model.rope_pairs strategy `high`, MHA2MLA's S_high). Any selection of that
+    many pairs per head caches the same K+V and latent bytes; only the kept frequencies'
+    union (`cos/sin of kept pairs`) depends on which."""
     pairs = cfg.head_dim // (2 * one_in)
     if pairs == 0:
         return None
-    return cfg.replace(rope_fraction=None, rotary_dims=2 * pairs, rope_spectrum="p_rope")
+    try:
+        return cfg.replace(
+            rope_fraction=1.0,
+            rotary_dims=None,
+            rope_pairs={"strategy": "high", "pairs": pairs},
+        )
+    except ConfigError:
+        return None  # a selection this config refuses (rope_scaling, p-RoPE)
 
 
 def _describe(cfg: ModelConfig, hd: int) -> str:
+    if cfg.rope_pairs is not None:
+        return cfg.rope_pairs.describe(hd)
     r = cfg.rope_dims
     return "NoPE" if r == 0 else f"RoPE {r}/{hd}"
 
@@ -189,12 +225,14 @@ class KVRow:
     rotary_dims: str  # per KV head, over layers and heads
     free_key_dims: str
     d_kv: int
-    table_per_position: int
+    table_per_position: int  # the cos/sin our model holds
+    kept_table_per_position: int  # of the kept frequencies only
     kv_per_token: int
     latent_per_token: int
     kv: tuple[int, ...]  # at each length
     latent: tuple[int, ...]
     tables: tuple[int, ...]
+    kept_tables: tuple[int, ...]
 
     @property
     def ratio(self) -> float:
@@ -215,11 +253,13 @@ def kv_rows(
                     free_key_dims=_spread(m.free_key_dims),
                     d_kv=d_kv,
                     table_per_position=m.table_bytes(1),
+                    kept_table_per_position=m.kept_table_bytes(1),
                     kv_per_token=m.kv_bytes(1, elem),
                     latent_per_token=m.latent_bytes(1, d_kv, elem),
                     kv=tuple(m.kv_bytes(T, elem) for T in seq_lens),
                     latent=tuple(m.latent_bytes(T, d_kv, elem) for T in seq_lens),
                     tables=tuple(m.table_bytes(T) for T in seq_lens),
+                    kept_tables=tuple(m.kept_table_bytes(T) for T in seq_lens),
                 )
             )
     return rows
@@ -274,6 +314,7 @@ def format_kv_tables(
             "rotary dims / KV head",
             "position-free key dims",
             "cos/sin per position",
+            "cos/sin of kept pairs",
             "K+V per token",
             "d_kv",
             "latent + rotary keys per token",
@@ -285,6 +326,7 @@ def format_kv_tables(
                 r.rotary_dims,
                 r.free_key_dims,
                 fmt(r.table_per_position),
+                fmt(r.kept_table_per_position),
                 fmt(r.kv_per_token),
                 str(r.d_kv),
                 fmt(r.latent_per_token),
@@ -303,7 +345,13 @@ def format_kv_tables(
         if r.position not in seen:
             seen.add(r.position)
             body.append([r.position, "cos/sin tables", *[fmt(b) for b in r.tables]])
+            if r.kept_tables != r.tables:
+                body.append([r.position, "cos/sin of kept pairs", *[fmt(b) for b in r.kept_tables]])
     at_lengths = draw(["position", "cache", *[f"T={_tokens(T)}" for T in seq_lens]], body)
+    if markdown:  # a paragraph before each table, blank lines between (markdown's blocks)
+        return "\n\n".join(
+            [f"**{title}**", "Per token:", per_token, "At each context length:", at_lengths]
+        )
     return "\n".join(
         [title, "", "Per token:", per_token, "", "At each context length:", at_lengths]
     )
@@ -424,6 +472,46 @@ def format_kv_check(results: Sequence[KVCheck]) -> str:
     )
 
 
+def selection_variants(cfg: ModelConfig) -> list[tuple[str, ModelConfig]]:
+    """Pair selections of `cfg`'s shape for the check: the highest 1/8 of the pairs in every
+    head, and as many pairs per head chosen apart (KV head g keeps pairs g K .. g K + K - 1,
+    mod P: the union of the heads' is min(KV heads x K, P))."""
+    out = []
+    high = _pair_share(cfg, 8)
+    if high is None:
+        return out
+    out.append(("rope_pairs=high 1/8", high))
+    P, K = cfg.head_dim // 2, cfg.head_dim // 16
+    nope = cfg.nope_layer_set
+    selected = [
+        [
+            [] if i in nope else sorted({(g * K + j) % P for j in range(K)})
+            for g in range(cfg.kv_heads)
+        ]
+        for i in range(cfg.n_layers)
+    ]
+    apart = cfg.replace(rope_fraction=1.0, rotary_dims=None, rope_pairs={"selected": selected})
+    out.append(("rope_pairs=apart 1/8", apart))
+    return out
+
+
+def check_selection_tables(cfg: ModelConfig, name: str) -> list[CheckResult]:
+    """The cos/sin bytes the tool reports for `cfg`'s pair selections against the rope buffers
+    of the full model built on meta (one fp32 table of head_dim dims per position)."""
+    out = []
+    for label, c in selection_variants(cfg):
+        with torch.device("meta"):
+            model = Transformer(c)
+        measured, dtypes, n = measure_rope_bytes(model)
+        expected = model_kv(c, name, label).table_bytes(c.max_seq_len)
+        dims = max(ly.table_dims for ly in layer_kv(c))
+        variant = f"{name} {label}"
+        out.append(
+            CheckResult(variant, "meta fp32", dims, c.max_seq_len, expected, measured, dtypes, n)
+        )
+    return out
+
+
 def _ok(ok: bool) -> str:
     return "ok" if ok else "MISMATCH"
 
@@ -436,6 +524,7 @@ __all__ = [
     "LayerKV",
     "ModelKV",
     "check_kv_cache",
+    "check_selection_tables",
     "format_kv_check",
     "format_kv_tables",
     "kv_rows",
@@ -444,4 +533,5 @@ __all__ = [
     "parse_latent_ranks",
     "plot_kv",
     "position_variants",
+    "selection_variants",
 ]

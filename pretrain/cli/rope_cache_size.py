@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         given = args.preset or args.config
         presets = [given] if given else preset_names()
         results = rc.check_presets(presets, fractions or rc.CHECK_FRACTIONS)
+        for name in presets:
+            results += kc.check_selection_tables(load_preset(name), name)
         kv = [kc.check_kv_cache(load_preset(name), name) for name in presets]
         print(rc.format_check(results))
         print("\n" + kc.format_kv_check(kv))
