@@ -98,10 +98,8 @@ class Config(Section):
 def world_sizes_for(global_batch_size: int, micro_batch_size: int) -> list[int]:
     """The numbers of ranks that can train a global batch in micro batches of this size
     (every divisor of the micro batches per step; none when the sizes do not divide)."""
-    if global_batch_size % micro_batch_size:
-        return []
-    micro = global_batch_size // micro_batch_size
-    return [w for w in range(1, micro + 1) if micro % w == 0]
+    micro, rest = divmod(global_batch_size, micro_batch_size)
+    return [] if rest else [w for w in range(1, micro + 1) if micro % w == 0]
 
 
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
@@ -330,7 +328,6 @@ __all__ = [
     "load_config",
     "load_model_config",
     "load_yaml",
-    "parse_override",
     "resolve_inherit",
     "rotary_dims_from_fraction",
     "set_key",

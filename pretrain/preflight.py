@@ -132,12 +132,4 @@ def check_downstream_data(cfg: Config) -> None:
             ) from None
 
 
-__all__ = [
-    "FP8_CAPABILITY",
-    "check_compile",
-    "check_downstream_data",
-    "check_folder_path",
-    "check_fp8",
-    "check_wandb",
-    "preflight",
-]
+__all__ = ["check_compile", "check_downstream_data", "check_fp8", "check_wandb", "preflight"]

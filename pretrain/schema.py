@@ -38,9 +38,8 @@ class ConfigError(UserError, ValueError):
 
 
 def _integer(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("must be an integer")
-    if isinstance(value, float) and not value.is_integer():
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole:
         raise ValueError("must be an integer")
     return int(value)
 
@@ -70,8 +69,7 @@ def int_choice(*choices: int) -> Any:
 
 @dataclass(frozen=True)
 class Hint:
-    """What a field's bound or choices mean, appended to its error in parentheses:
-    `Annotated[Float, Hint("0 = no clipping")]`."""
+    """What a field's bound or choices mean, ending its error: `Hint("0 = no clipping")`."""
 
     text: str
 
@@ -107,7 +105,6 @@ class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         validate_by_name=True,
-        validate_by_alias=True,
         use_attribute_docstrings=True,
         json_schema_extra=_json_bounds,
     )
@@ -170,8 +167,7 @@ def to_dict(obj: Any) -> Any:
 
 
 def _first(tp: Any, pick: Callable[[Any], Any]) -> Any:
-    """`pick(part)` of the first part of an annotation (itself, then its arguments, depth
-    first) for which it is not None."""
+    """`pick(part)` of the first part of an annotation (depth first) where it is not None."""
     found = pick(tp)
     for arg in get_args(tp) if found is None else ():
         found = _first(arg, pick)
@@ -188,8 +184,7 @@ def section_of(annotation: Any) -> type[BaseModel] | None:
 
 
 def sections(model: type[BaseModel], prefix: str = "") -> dict[str, type[BaseModel]]:
-    """Every section below `model`, by its dotted key: model, model.rope_scaling, spikes.faults[]
-    (a list's items)."""
+    """Every section below `model` by dotted key (model.rope_scaling; a list's: spikes.faults[])."""
     out: dict[str, type[BaseModel]] = {}
     for name, f in model.model_fields.items():
         inner = section_of(f.annotation)

@@ -137,21 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         "--repo", type=Path, default=REPO, help="the repository root (default: this checkout)"
     )
     args = parser.parse_args(argv)
-    stale = []
-    for path, content in outputs(args.repo).items():
-        if path.is_file() and path.read_text() == content:
-            continue
-        stale.append(path.relative_to(args.repo).as_posix())
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
+    files = outputs(args.repo)
+    stale = [p for p, content in files.items() if not (p.is_file() and p.read_text() == content)]
+    for path in [] if args.check else stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[path])
+    names = ", ".join(p.relative_to(args.repo).as_posix() for p in stale)
     if args.check and stale:
         print(
-            f"stale: {', '.join(stale)}; run `python tools/config_schema.py` and commit the result",
+            f"stale: {names}; run `python tools/config_schema.py` and commit the result",
             file=sys.stderr,
         )
         return 1
-    print(f"{'stale' if args.check else 'wrote'}: {', '.join(stale)}" if stale else "up to date")
+    print(f"{'stale' if args.check else 'wrote'}: {names}" if stale else "up to date")
     return 0
 
 

@@ -289,7 +289,6 @@ class WandbConfig(Section):
 
 __all__ = [
     "RANK_FAULTS",
-    "SEED_LIMIT",
     "CheckpointConfig",
     "FaultConfig",
     "LoggingConfig",
