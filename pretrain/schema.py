@@ -126,7 +126,7 @@ class Section(BaseModel):
     def replace(self: S, **changes: Any) -> S:
         """A copy with `changes`, validated as a new section (pydantic's model_copy is not)."""
         cls = type(self)
-        # By YAML key (`async`), whether a change names the key or the field.
+        # By YAML key (`head_dim`, `async`), whether a change names the key or the field.
         keyed = {yaml_key(cls, k) if k in cls.model_fields else k: v for k, v in changes.items()}
         return cls(**{**self.model_dump(by_alias=True), **keyed})
 

@@ -139,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = outputs(args.repo)
     stale = [p for p, content in files.items() if not (p.is_file() and p.read_text() == content)]
-    for path in [] if args.check else stale:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(files[path])
+    if not args.check:
+        for path in stale:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(files[path])
     names = ", ".join(p.relative_to(args.repo).as_posix() for p in stale)
     if args.check and stale:
         print(
