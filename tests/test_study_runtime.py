@@ -1,5 +1,5 @@
 """A study's runtime half on this machine (pretrain/study/status.py, selection.py,
-local_executor.py, report.py, pretrain/cli/study_runtime.py):
+local_executor.py, report.py, pretrain/cli/study.py):
 
 - every state `status` names, from the run folder, the Slurm job and the local process;
 - what a run folder says: progress, the last losses, a hang that is over or not, a spike
@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 from pretrain.cli.compare_runs import main as compare_main  # noqa: E402
 from pretrain.cli.study import main as study_main  # noqa: E402
+from pretrain.slurm_jobs import SlurmJob  # noqa: E402
 from pretrain.study.records import (  # noqa: E402
     RUN_LOCK_FD_VAR,
     LocalRecord,
@@ -43,7 +44,6 @@ from pretrain.study.records import (  # noqa: E402
 from pretrain.study.report import write_study_report  # noqa: E402
 from pretrain.study.runs import Study, StudyRun  # noqa: E402
 from pretrain.study.selection import select_runs  # noqa: E402
-from pretrain.study.slurm_jobs import SlurmJob  # noqa: E402
 from pretrain.study.spec import load_study  # noqa: E402
 from pretrain.study.status import (  # noqa: E402
     CANCELLED,

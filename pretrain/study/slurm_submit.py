@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pretrain.slurm_jobs import queued_jobs, sbatch, slurm_unreachable
 from pretrain.study.records import StudyUsageError, Submission, add_submission, now_utc, study_lock
 from pretrain.study.selection import Echo, check_files, eval_done, report_skipped
-from pretrain.study.slurm_jobs import queued_jobs, sbatch, slurm_unreachable
 from pretrain.study.status import ACTIVE, COMPLETED, SUBMITTABLE, run_folder, study_status
 
 if TYPE_CHECKING:

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from pretrain.run_layout import HANG_DIR, ROLLBACKS_FILE, RunLayout, read_metrics, tag_step
-from pretrain.study.records import LocalRecord, read_local_record, read_submissions, run_lock_held
-from pretrain.study.slurm_jobs import (
+from pretrain.slurm_jobs import (
     SlurmError,
     SlurmJob,
     finished_jobs,
     queued_jobs,
     slurm_unreachable,
 )
+from pretrain.study.records import LocalRecord, read_local_record, read_submissions, run_lock_held
 from pretrain.tables import Align, text_table
 
 if TYPE_CHECKING:

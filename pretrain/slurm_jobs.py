@@ -1,7 +1,8 @@
-"""What Slurm says of a study's jobs, and submitting one, from the login node.
+"""What Slurm says of jobs, and submitting one, from the login node (the studies' `submit`
+and `status`).
 
-Jobs in the queue are found by name (`squeue --me`: a run submitted by hand counts too); a
-recorded job that left it by `sacct`, else by `scontrol show job` while slurmctld remembers
+Jobs in the queue are found by name (`squeue --me`: a job submitted by hand counts too); a
+job that left it by its id, with `sacct`, else `scontrol show job` while slurmctld remembers
 it (MinJobAge), else not at all. Every command has a timeout: a status must not hang on a
 controller that does not answer. Slurm 20.02 or newer (`squeue --me`).
 """
