@@ -19,16 +19,16 @@ class Layout(Section):
 
     key = "layout"
 
-    config: str | None = None
-    """The config a run is written to (default studies/NAME/configs/{name}.yaml); without {name} or {seed}, the seeds of a group share one file and get their seed and run folder with --set."""
-    script: str | None = None
-    """The job script (default studies/NAME/slurm/{name}.sh)."""
-    run_dir: str | None = None
-    """The run folder (default runs/NAME/{name})."""
-    job_name: str | None = None
-    """The Slurm job name (default {name})."""
-    array_script: str | None = None
-    """The job array's script (default studies/NAME/slurm/NAME.sh)."""
+    config: str = "studies/{study}/configs/{name}.yaml"
+    """The config a run is written to; without {name} or {seed}, the seeds of a group share one file and get their seed and run folder with --set."""
+    script: str = "studies/{study}/slurm/{name}.sh"
+    """The job script."""
+    run_dir: str = "runs/{study}/{name}"
+    """The run folder."""
+    job_name: str = "{name}"
+    """The Slurm job name."""
+    array_script: str = "studies/{study}/slurm/{study}.sh"
+    """The job array's script."""
 
 
 class HeadersSpec(Section):

@@ -133,17 +133,10 @@ class _Loader:
         return tuple(seeds), key
 
     def _layout(self) -> dict[str, str]:
-        out = {
-            "config": f"studies/{self.name}/configs/{{name}}.yaml",
-            "script": f"studies/{self.name}/slurm/{{name}}.sh",
-            "run_dir": f"runs/{self.name}/{{name}}",
-            "job_name": "{name}",
-            "array_script": f"studies/{self.name}/slurm/{self.name}.sh",
-        }
-        for k, v in self.file.layout.model_dump(exclude_none=True).items():
+        out = self.file.layout.model_dump()
+        for k, v in out.items():
             if not v:
                 raise self.w.error(f"layout {k}", f"{v!r} is not a template", "e.g. runs/{name}")
-            out[k] = v
         return out
 
     def _plan_file(self) -> dict[str, dict[str, Any]]:
