@@ -383,6 +383,9 @@ def position_config(arch: str, keys: dict) -> ModelConfig:
     return ModelConfig(**shape, d_ff=96, max_seq_len=64, **POSITION_SHAPES[arch], **keys)
 
 
+# A pair selection of the llama position shape (4 layers, 2 KV heads of 8 pairs).
+PAIRS = [[[0, 3, 5], [1, 2]], [[7], list(range(8))], [[], []], [[2, 6], [4]]]
+
 # Exported and run through transformers' child: (architecture, position keys, target). A
 # window of 8 is shorter than the 40 scored tokens and the 16 + 32 generated ones.
 POSITION_VARIANTS = {
@@ -424,6 +427,19 @@ POSITION_VARIANTS = {
         ),
         REMOTE,
     ),
+    # which pairs rotate (model.rope_pairs): different per layer and KV head, a NoPE layer
+    "rope_pairs_per_kv_head": ("llama", dict(rope_pairs={"selected": PAIRS}), REMOTE),
+    "rope_pairs_low_sliding_qknorm": (
+        "llama",
+        dict(
+            rope_pairs={"strategy": "low", "pairs": 3},
+            qk_norm=True,
+            nope_every=4,
+            sliding_window=8,
+            sliding_window_pattern=2,
+        ),
+        REMOTE,
+    ),
 }
 
 # (architecture, position keys, the target --target auto picks, {forced target: what its
@@ -457,6 +473,12 @@ POSITION_CASES = [
     ("neox", dict(nope_every=2), REMOTE, {"gpt_neox": "model.nope_every: 2"}),
     ("neox", dict(sliding_window=8), REMOTE, {"gpt_neox": "model.sliding_window: 8"}),
     ("neox", dict(alibi=True), REMOTE, {"gpt_neox": "model.alibi"}),
+    (
+        "llama",
+        dict(rope_pairs={"strategy": "high", "pairs": 4}),
+        REMOTE,
+        {t: "model.rope_pairs" for t in ("llama", "phi3", "smollm3", "qwen3", "mistral")},
+    ),
 ]
 
 
