@@ -385,3 +385,22 @@ def test_docs_kv_tables_are_what_the_tool_prints(capsys):
     assert printed.count("| latent d_kv=") == 3 * 5 and printed in section, (
         "docs/pair_selection.md's KV tables are stale; paste what this prints:\n" + command
     )
+
+
+def test_kv_reads_a_run_config_with_its_pair_selection(tmp_path, capsys):
+    # A run config (inherit: resolved) whose selection is none of the tool's rows gets a row.
+    from pretrain.cli.rope_cache_size import main
+
+    run = tmp_path / "uniform.yaml"
+    run.write_text(
+        f"inherit:\n  model: {REPO / 'configs' / 'models' / 'llama1b.yaml'}\n"
+        "model:\n  rope_pairs: {strategy: uniform, pairs: 4}\n"
+    )
+    assert main(["--kv", "--config", str(run), "--units", "bytes", "--seq-lens", "1k"]) == 0
+    out = capsys.readouterr().out
+    assert "as configured: 4 of 32 pairs per KV head (uniform 4" in out.splitlines()[0]
+    row = kv_table(out, "uniform", "Per token:")[0]
+    # 8 dims of 64 rotate in each of 8 KV heads; the table our model holds is full RoPE's
+    # (2 x 64 x 4 bytes a position), the 4 kept pairs (0, 8, 16, 24 in every head) need 8 dims.
+    latent = 16 * (8 * 16 + 8 * 8) * 2
+    assert row == ["as configured", "8", "56", "512", "64", "32768", "16", str(latent), "18.75%"]

@@ -63,7 +63,8 @@ from pretrain.tables import pipe_table, text_table
 # with 36 layers.
 DEFAULT_MODELS = ("llama1b", "pythia1b_paper", "llama8b")
 DEFAULT_KV_SEQ_LENS = (4 * KI, 32 * KI, 128 * KI, MI)
-TABLE_BYTES = PRECISION_BYTES["fp32"]  # the cos/sin tables are fp32 whatever the model's dtype
+TABLE_BYTES = PRECISION_BYTES["fp32"]
+AS_CONFIGURED = "as configured"  # the cos/sin tables are fp32 whatever the model's dtype
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,6 @@ def position_variants(cfg: ModelConfig) -> list[tuple[str, ModelConfig]]:
     """The config as written, then full RoPE, a 1/4 and a 1/8 pair selection, 10% RoPE and
     NoPE of the same shape (most rotary dims first); the config's own row is left out when it
     caches what one of those caches."""
-    hd = cfg.head_dim
     variants = [
         ("100% RoPE", _fraction(cfg, 1.0)),
         ("1/4 of pairs", _pair_share(cfg, 4)),
@@ -180,7 +180,7 @@ def position_variants(cfg: ModelConfig) -> list[tuple[str, ModelConfig]]:
     variants = [(label, c) for label, c in variants if c is not None]
     own = layer_kv(cfg)
     if all(layer_kv(c) != own for _, c in variants):
-        variants.insert(0, (f"as configured ({_describe(cfg, hd)})", cfg))
+        variants.insert(0, (AS_CONFIGURED, cfg))
     return variants
 
 
@@ -209,7 +209,8 @@ def _pair_share(cfg: ModelConfig, one_in: int) -> ModelConfig | None:
         return None  # a selection this config refuses (rope_scaling, p-RoPE)
 
 
-def _describe(cfg: ModelConfig, hd: int) -> str:
+def _describe(cfg: ModelConfig) -> str:
+    hd = cfg.head_dim
     if cfg.rope_pairs is not None:
         return cfg.rope_pairs.describe(hd)
     r = cfg.rope_dims
@@ -308,6 +309,8 @@ def format_kv_tables(
         f"{name}: {cfg.n_layers} layers x {cfg.kv_heads} KV heads x head_dim {cfg.head_dim}, "
         f"K and V in {precision} ({elem} bytes), batch 1; cos/sin tables fp32, one per model"
     )
+    if any(r.position == AS_CONFIGURED for r in rows):
+        title += f"; {AS_CONFIGURED}: {_describe(cfg)}"
     per_token = draw(
         [
             "position",
