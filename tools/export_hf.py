@@ -5,7 +5,7 @@
 
 Every config in configs/ exports: the native transformers class where it holds the model
 exactly (LlamaForCausalLM, GPTNeoXForCausalLM), else RopeLM remote code written into the
-folder (AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)). See docs/model.md.
+folder (AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)). See docs/hf.md.
 """
 
 import sys

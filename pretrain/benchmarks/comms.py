@@ -12,7 +12,7 @@
 3. Per collective, the planner's time on a `Fabric` of the fitted alpha and bandwidth against
    the median of the logged calls (a call's time on CPU ranks includes waiting for the other
    rank to arrive: the median leaves out the waits of a few), and the step's total: predicted
-   sum vs the sum of the medians x calls. docs/performance.md states the measured ratios.
+   sum vs the sum of the medians x calls. docs/scaling.md states the measured ratios.
 """
 
 from __future__ import annotations

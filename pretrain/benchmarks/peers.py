@@ -22,7 +22,7 @@ Precisions (`--precisions`):
   add fp32 master weights and their copies, a cost outside the models. What the GPU stage
   (`make gpu-check`, stage peers-SHAPE) runs;
 - `autocast`: bf16 autocast over fp32 weights, for every model alike (the GPU stage's mode
-  until issue 38; docs/performance.md keeps its tables).
+  before bf16 weights; docs/measurements.md keeps its tables).
 
 With `--compile` every model also races under torch.compile (the module compiled, as
 DeepSpeed's engine.compile or litgpt's pretrain compile it; own copy of the weights and own

@@ -16,7 +16,7 @@ Integrity is not trust: under each checkpoint it names the files that are pickle
 (DeepSpeed's model and optimizer states, which DeepSpeed loads with weights_only=False, so
 loading them can execute code) and any RNG file not in the current format (the old one,
 read through a compatibility path, or one a resume refuses). Anyone who can write the folder
-can also rewrite the CRC-32s in its marker (docs/training.md, "Trust").
+can also rewrite the CRC-32s in its marker (docs/checkpoints.md, "Trust").
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "note: CRC-32 verifies integrity (the files are as written), not trust (who wrote "
             "them): resume or load pickles only from runs you trust; share a model as its "
             "weights folder (model.safetensors + config.yaml) or an export "
-            '(docs/training.md, "Trust")'
+            '(docs/checkpoints.md, "Trust")'
         )
     return 1 if damaged else 0
 

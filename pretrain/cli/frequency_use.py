@@ -15,7 +15,7 @@ pooled) and frequency_use_heads.png (one panel per layer: heads x pairs), and pr
 per layer. The model: a run's weights (--run, --step) or a Hugging Face folder (--hf, read as
 tools/import_hf.py reads it, no code from the folder run). The tokens: a text file (--text,
 encoded with the model's tokenizer or --tokenizer) or prepared data (--data, its token ids),
-cut into windows of --seq-len. See docs/model.md.
+cut into windows of --seq-len. See docs/frequency_use.md.
 """
 
 from __future__ import annotations

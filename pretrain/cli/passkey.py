@@ -12,7 +12,7 @@ A trial passes when the first number of the greedy continuation is the key.
 
 Writes RUN/eval/<step>/passkey.json (the grid and every trial), passkey.csv (one row per
 cell) and passkey.png (heat map: depth down, length across, accuracy in colour), and prints
-the grid as a markdown table. See docs/evaluation.md.
+the grid as a markdown table. See docs/passkey.md.
 """
 
 import argparse

@@ -133,7 +133,7 @@ def _main(argv: list[str] | None = None) -> int:
     net = ap.add_argument_group(
         "communication",
         "the network the step's collectives cross (defaults: H100/H200 nodes of 8 GPUs on "
-        "NVLink 4, 400 Gb/s InfiniBand per GPU across; docs/performance.md cites each figure)",
+        "NVLink 4, 400 Gb/s InfiniBand per GPU across; docs/scaling.md cites each figure)",
     )
     net.add_argument("--gpus-per-node", type=int, help="GPUs on one node's NVLink (8)")
     net.add_argument(
@@ -150,7 +150,7 @@ def _main(argv: list[str] | None = None) -> int:
     net.add_argument(
         "--paper-scaling",
         action="store_true",
-        help="--scaling for every run of studies/partial_rope.yaml (docs/performance.md's table)",
+        help="--scaling for every run of studies/partial_rope.yaml (docs/scaling.md's table)",
     )
     net.add_argument("--plot", type=Path, help="with --scaling/--paper-scaling: a PNG here")
     args = ap.parse_args(argv)

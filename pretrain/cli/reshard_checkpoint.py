@@ -6,7 +6,7 @@
 A ZeRO-1/2 checkpoint holds each rank's slice of the fp32 master weights and Adam moments.
 A run resumed on another number of ranks re-partitions it by itself (rank 0 converts it to
 DeepSpeed's universal checkpoint while the others wait: see pretrain/train/reshard.py and
-docs/training.md, "Resuming on another number of GPUs"). For a large model, run this
+docs/checkpoints.md, "Resuming on another number of GPUs"). For a large model, run this
 program first, on a CPU node, so that the GPUs do not wait: it verifies the checkpoint
 against its marker, writes CKPT/step_N/universal/ (atomically: a kill leaves the checkpoint
 as it was), and prints the world sizes that can hold the run's global batch. The resume

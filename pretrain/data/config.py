@@ -32,11 +32,11 @@ class DataConfig(Section):
     num_workers: Int = Field(1, ge=0)
     """DataLoader workers per rank"""
     read_mode: Literal["random", "readahead", "file"] = "random"
-    """how the .bin files are read: `random` (a memory map with `madvise(MADV_RANDOM)`: a sample reads its pages, not a read-ahead window; docs/performance.md), `readahead` (a plain memory map: the kernel reads ahead), `file` (megatron-core's file reader)"""
+    """how the .bin files are read: `random` (a memory map with `madvise(MADV_RANDOM)`: a sample reads its pages, not a read-ahead window; docs/speed.md), `readahead` (a plain memory map: the kernel reads ahead), `file` (megatron-core's file reader)"""
     recipe: Literal["stdlib"] | None = None
     """`stdlib`: build `train[0]` from the installed Python standard library when it is missing (the quickstart)"""
     document_mask: Bool = False
-    """no token attends across an end-of-document token of a packed sample (docs/training.md, "Document masking")"""
+    """no token attends across an end-of-document token of a packed sample (docs/document_masking.md)"""
     position_reset: Bool = False
     """positions (RoPE, learned) restart at 0 after each end-of-document token"""
     eod_mask_loss: Bool = False

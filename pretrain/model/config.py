@@ -334,7 +334,7 @@ class ModelConfig(Section):
     qk_norm: Bool = False
     """normalize q and k per head over head_dim, before RoPE"""
     attn_logit_softcap: Annotated[Float, Hint("0 = off")] = Field(0.0, ge=0)
-    """attention-logit soft cap (Gemma 2): logits -> cap x tanh(logits / cap); 0 = off (the paper). On, attention runs unfused (no SDPA kernel); exports as remote code (docs/training.md, "Loss spikes")"""
+    """attention-logit soft cap (Gemma 2): logits -> cap x tanh(logits / cap); 0 = off (the paper). On, attention runs unfused (no SDPA kernel); exports as remote code (docs/spikes.md)"""
     tie_embeddings: Bool = False
     """share input and output embedding matrices"""
     dropout: Float = Field(0.0, ge=0, lt=1)

@@ -16,7 +16,7 @@ That reproduces the published multi-node figures: 8 x ~47 GB/s = 376 GB/s agains
 370 GB/s, and nccl-tests measure 330-380 GB/s bus bandwidth for all-reduce on 2-4 DGX H100
 nodes. A ring step that crosses a node costs the network's alpha.
 
-Every default is a published measurement, cited in docs/performance.md ("Communication");
+Every default is a published measurement, cited in docs/scaling.md ("The time model");
 `Fabric` takes a user's own (tools/plan.py --nvlink-gbs, --nic-gbs, --gpus-per-node).
 Not modelled: NVLink SHARP (NVLS, up to 480 GB/s busbw for all-reduce in a node), tree
 algorithms for small messages, congestion at thousands of GPUs (NVIDIA's NVLSTree chart falls

@@ -27,7 +27,7 @@ What a checkpoint cannot do: run code through our files. The RNG files, the mark
 weights folder are data (pretrain/train/state_files.py); a resume reads this rank's RNG file
 before DeepSpeed's, and refuses one that is not ours in one line. DeepSpeed's own files stay
 pickles that it loads with weights_only=False: integrity (CRC-32) is not trust, and
-docs/training.md ("Trust") says which run folders to resume.
+docs/checkpoints.md ("Trust") says which run folders to resume.
 """
 
 from __future__ import annotations
@@ -465,7 +465,7 @@ class Checkpointer:
         folder = self.dir / tag
         state = read_state(folder)
         # Ours before DeepSpeed's: a file that is refused stops the resume before anything
-        # else is loaded (this check cannot vouch for DeepSpeed's pickles: docs/training.md,
+        # else is loaded (this check cannot vouch for DeepSpeed's pickles: docs/checkpoints.md,
         # "Trust").
         rng = self._read_rng(folder) if state.get("world_size") == self.world_size else None
         resharded = needs_universal(folder, self.world_size)

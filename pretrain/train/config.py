@@ -86,11 +86,11 @@ class TrainConfig(Section):
     ] = False
     """recompute blocks in the backward pass (less memory, more FLOPs): false/`none`, true/`full`, N = the first N blocks, or `auto` = the least recompute that fits the GPU, planned at start (docs/performance.md)"""
     compile: Bool | Literal["auto"] = "auto"
-    """`torch.compile` the model through DeepSpeed (`engine.compile()`, inductor). `auto`: compiled on CUDA (14-18% faster steps on an H100/H200, docs/performance.md) where the planner's compiled step fits the GPU, eager where only the eager one fits and on CPU; the run's log says which and why. `true` is refused before the run where it cannot work (no torch.compile on this Python; no C++ compiler on a machine without CUDA)"""
+    """`torch.compile` the model through DeepSpeed (`engine.compile()`, inductor). `auto`: compiled on CUDA (14-18% faster steps on an H100/H200, docs/speed.md) where the planner's compiled step fits the GPU, eager where only the eager one fits and on CPU; the run's log says which and why. `true` is refused before the run where it cannot work (no torch.compile on this Python; no C++ compiler on a machine without CUDA)"""
     compile_regions: Literal["model", "blocks"] = "model"
     """what `compile` compiles: `model` (the whole model, DeepSpeed's `engine.compile()`) or `blocks` (each block on its own, torchtitan's regional compilation: identical blocks share one compiled graph, so compiling costs about one block's time). gpu-check's compile stages time both; `model` stays the default until a GPU has measured `blocks`"""
     fp8: Literal["off", "tensorwise", "rowwise"] = "off"
-    """FP8 matmuls in the blocks' linear layers through torchao's float8 training (pretrain/train/fp8.py): `tensorwise` (one scale per tensor, fastest) or `rowwise` (a scale per row, more accurate); never the embedding or the output layer, and only layers whose dims are multiples of 16. Weights, checkpoints and exports stay those of a bf16 run. Needs compute capability 8.9+ (H100, H200); refused in one line elsewhere. docs/performance.md, "FP8 training" """
+    """FP8 matmuls in the blocks' linear layers through torchao's float8 training (pretrain/train/fp8.py): `tensorwise` (one scale per tensor, fastest) or `rowwise` (a scale per row, more accurate); never the embedding or the output layer, and only layers whose dims are multiples of 16. Weights, checkpoints and exports stay those of a bf16 run. Needs compute capability 8.9+ (H100, H200); refused in one line elsewhere. docs/speed.md, "FP8 training" """
     fp8_emulate: Bool = False
     """torchao's emulation of `fp8` (the same casts and scales, high-precision matmuls): runs anywhere, for the fp8 numerics on CPU (the tests), not its speed"""
     z_loss: Annotated[Float, Hint("0 = off; PaLM 1e-4")] = Field(0.0, ge=0)
@@ -100,11 +100,11 @@ class TrainConfig(Section):
     deepspeed: dict[str, Any] = Field(default_factory=dict)
     """extra DeepSpeed config keys merged over the generated config (advanced)"""
     hang_timeout: Annotated[Seconds | None, Hint("seconds; 0 or null = off")] = 300.0
-    """the hang watchdog: seconds without a completed step before every rank writes its stacks to `RUN/hang/` and the job exits 124 (requeued by slurm/launch.sh); 9x a Llama-8B paper step; 0 or null = off (docs/training.md, "Hangs and stragglers")"""
+    """the hang watchdog: seconds without a completed step before every rank writes its stacks to `RUN/hang/` and the job exits 124 (requeued by slurm/launch.sh); 9x a Llama-8B paper step; 0 or null = off (docs/hangs.md)"""
     hang_timeout_long: Annotated[Seconds | None, Hint("seconds; null = 4 x hang_timeout")] = None
     """the watchdog's allowance until the first step of a start completes and while a rank saves, loads or evaluates; null = 4 x hang_timeout; keep it below the collectives' 30-minute timeout"""
     straggler_fraction: Float = Field(0.5, gt=0)
-    """a rank whose own time per step (reading its batches and its forward passes) is more than this fraction above the median rank's is slow (docs/training.md, "Hangs and stragglers")"""
+    """a rank whose own time per step (reading its batches and its forward passes) is more than this fraction above the median rank's is slow (docs/hangs.md)"""
     straggler_steps: Int = Field(3, ge=0)
     """logged steps in a row a rank must be slow before one line names it (rank, host, the slow part); 0 = never"""
 
@@ -143,7 +143,7 @@ class CheckpointConfig(Section):
     init_from: str | None = None
     """Start a new run from another run's weights: RUN (its newest checkpoint), RUN@STEP, or a checkpoint/weights folder; fresh optimizer, schedule and data position. The model may differ in positions only."""
     async_: Bool = Field(False, alias="async")
-    """copy the state to host memory at the save step and write, fsync and checksum it in the background while training goes on; `latest` moves only when every rank's files are on disk; the same files as a synchronous save (docs/training.md, "Asynchronous checkpoints"). The Python field is `async_` (`async` is a keyword); YAML and `--set checkpoint.async=true` use `async`"""
+    """copy the state to host memory at the save step and write, fsync and checksum it in the background while training goes on; `latest` moves only when every rank's files are on disk; the same files as a synchronous save (docs/checkpoints.md, "Asynchronous checkpoints"). The Python field is `async_` (`async` is a keyword); YAML and `--set checkpoint.async=true` use `async`"""
 
 
 class LoggingConfig(Section):
@@ -216,7 +216,7 @@ class FaultConfig(Section):
 
 
 class SpikesConfig(Section):
-    """Loss spikes (docs/training.md, "Loss spikes"): always detected and logged; skipped or
+    """Loss spikes (docs/spikes.md): always detected and logged; skipped or
     rolled back only when asked (the paper's runs did neither)."""
 
     key = "spikes"
@@ -245,7 +245,7 @@ class SpikesConfig(Section):
     ] = Field(default_factory=list)
     """`[[first, last], ...]` data steps never trained on (inclusive), as PaLM skipped batches by hand"""
     faults: list[FaultConfig] = Field(default_factory=list)
-    """faults injected on purpose, for tests and demos: `{step, last, kind, factor}`, kind `nan`, `scale_loss`, `scale_grads` or `noise` (the batch of data steps step..last on every rank); or `{step, last, kind: slow, rank, seconds}` (that rank sleeps before each of those steps) and `{step, kind: hang, rank}` (that rank blocks for good, once per run folder; needs `train.hang_timeout`) for the hang watchdog (docs/training.md, "Hangs and stragglers")"""
+    """faults injected on purpose, for tests and demos: `{step, last, kind, factor}`, kind `nan`, `scale_loss`, `scale_grads` or `noise` (the batch of data steps step..last on every rank); or `{step, last, kind: slow, rank, seconds}` (that rank sleeps before each of those steps) and `{step, kind: hang, rank}` (that rank blocks for good, once per run folder; needs `train.hang_timeout`) for the hang watchdog (docs/hangs.md)"""
 
     @model_validator(mode="after")
     def _check(self) -> SpikesConfig:

@@ -76,7 +76,7 @@ def optimizer_impl(cfg: Config, device: torch.device) -> str:
     """Which AdamW runs the step on `device`: "deepspeed", "fused" or "foreach" (optim.impl
     resolved). "auto": DeepSpeed's FusedAdam on CUDA (one multi-tensor kernel, as fast as
     torch's fused there, and what the GPU plan models); torch's fused AdamW elsewhere when
-    the device has the kernel (CPU: ~5x the single-tensor loop, docs/performance.md), else
+    the device has the kernel (CPU: ~5x the single-tensor loop, docs/speed.md), else
     torch's foreach AdamW. A user's own `train.deepspeed.optimizer` block always wins."""
     impl = cfg.optim.impl
     if "optimizer" in cfg.train.deepspeed:
@@ -178,7 +178,7 @@ def resolve_compile(
 ) -> tuple[bool, str]:
     """Whether the engine is compiled, and why (the run's log says it). `true`/`false` are
     the user's (check_compile has refused `true` where it cannot work); `auto` compiles on
-    CUDA, where it is 14-18% faster per step (docs/performance.md), unless torch.compile
+    CUDA, where it is 14-18% faster per step (docs/speed.md), unless torch.compile
     cannot run here or the planner says the compiled step would not fit where the eager one
     does: inductor's graph holds more than the eager model for parallel blocks (+12-13% on
     pythia1b, measured on an H100 and an H200), and `auto` must never turn a fitting run into

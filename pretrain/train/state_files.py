@@ -11,7 +11,7 @@ a file can call any function it names, so every file this toolkit writes is data
 DeepSpeed's own files (model states, ZeRO optimizer shards, the universal form of
 pretrain/train/reshard.py) are pickles that DeepSpeed loads with weights_only=False: loading
 them can execute code, which `pickle_files` names for tools/check_checkpoint.py and
-docs/training.md ("Trust") explains.
+docs/checkpoints.md ("Trust") explains.
 
 RNG files written before this format (a pickled `random.getstate()` and NumPy arrays) are read
 through a compatibility path: the same restricted unpickler with NumPy's array-rebuilding
@@ -141,7 +141,7 @@ def read_rng_state(path: Path, warn: bool = True) -> dict[str, Any]:
         return RngStateError(
             f"{path} is not an RNG state file this toolkit wrote and was not loaded ({why}); "
             f"loading it could run code: move {path.parent.parent} away to resume from the "
-            f"previous checkpoint, and see docs/training.md, 'Trust'"
+            f"previous checkpoint, and see docs/checkpoints.md, 'Trust'"
         )
 
     try:

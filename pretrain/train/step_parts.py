@@ -16,7 +16,7 @@
 
 A slow rank makes the others wait in the first collective after its slow part, so their
 backward, optimizer or collective time grows too; the straggler is the rank whose own part
-is slow, not the ones that wait (docs/training.md, "Hangs and stragglers").
+is slow, not the ones that wait (docs/hangs.md, "Stragglers").
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def neox_theta(cfg: ModelConfig) -> float:
     """The theta at which NeoX's spectrum over the rotary dims (theta^(-2j/r), what every
     native class computes) carries `cfg`'s frequencies: rope_theta, or for p-RoPE on r of
     head_dim dims theta^(r/head_dim), since (theta^(r/d))^(-2j/r) = theta^(-2j/d)
-    (docs/model.md). Exact in the arithmetic; in fp32 the two differ in the last bits."""
+    (docs/hf.md). Exact in the arithmetic; in fp32 the two differ in the last bits."""
     r, d = cfg.rope_dims, cfg.head_dim
     if cfg.rope_spectrum == "p_rope" and 0 < r < d:
         return float(cfg.rope_theta) ** (r / d)
