@@ -12,7 +12,8 @@ our KVCache and transformers' DynamicCache keep):
     position-free key = head_dim - r[l, h] dims of head h (RoPE never touches them)
     latent cache      = sum_l (min(n_kv x d_kv, sum_h (2 head_dim - r[l, h])) + sum_h r[l, h])
                             x c_l(T) x e
-    cos/sin tables    = sum over the distinct tables t: 2 x T x 2 F_t x 4   (fp32, per model)
+    cos/sin tables    = sum over the distinct tables t: 2 x T x dims_t x 4    (fp32, per model)
+    of kept pairs     = sum over the distinct tables t: 2 x T x 2 |K_t| x 4
 
 The latent cache is MHA2MLA's: each layer's position-free key dims and its values are
 compressed jointly (one SVD of [W_k,nope; W_v]) to a latent of n_kv x d_kv dims per token (its
@@ -26,12 +27,13 @@ nothing: hence the min. With MHA2MLA's choices, r = head_dim / 8 rotary dims per
 / 8, the latent cache is (d_kv + r) / (2 head_dim) = 31.25%, 18.75%, 12.5% of the K+V cache:
 its paper's -68.75%, -81.25%, -87.5%.
 
-F_t is the number of distinct inverse frequencies table t holds
-(`LayerPosition.cache_frequencies`: r / 2 for r rotary dims; the union of the kept pairs for a
-selection); layers with the same `cache_key` read one table (pretrain/model/position.py), and
-a table holds cos and sin for both dims of each pair, as `rope.rope_cache_bytes` counts. Partial
-RoPE alone frees no K+V byte: every key dim is still cached. What it frees is the part of the
-cache a latent can absorb.
+Layers with the same `cache_key` read one table t (pretrain/model/position.py) of dims_t dims a
+position: their rotary dims, and head_dim under a pair selection, whose layers read full
+RoPE's table whatever they keep (`Positions.cache_bytes`; `--check` compares with the built
+model's buffers). K_t is the union of the pairs the layers reading t rotate with (each layer's
+count is `LayerPosition.cache_frequencies`: r / 2, or the pairs its KV heads keep): what a
+table of only the frequencies in use would hold. Partial RoPE alone frees no K+V byte: every
+key dim is still cached. What it frees is the part of the cache a latent can absorb.
 """
 
 from __future__ import annotations
