@@ -319,6 +319,10 @@ def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
+    # Constrained layout sizes the margins for the tick labels of the axes it starts from; a
+    # colorbar resized by it can pick longer ones (0.05 steps, not 0.1). One draw first lets
+    # it measure the labels of the layout it chose, so none is cut at the canvas's edge.
+    fig.draw_without_rendering()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -361,13 +365,16 @@ def plot_layers(use: FrequencyUse, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     layers = use.layers
     P = max((layer.pairs for layer in layers), default=0)
     grid = np.full((len(layers), max(P, 1)), np.nan)
     for i, layer in enumerate(layers):
         grid[i, : layer.pairs] = layer.pooled_share
-    fig, ax = plt.subplots(figsize=(5 + min(0.1 * P, 10), 2.4 + min(0.25 * len(layers), 12)))
+    fig, ax = plt.subplots(
+        figsize=(5 + min(0.1 * P, 10), 2.4 + min(0.25 * len(layers), 12)), layout="constrained"
+    )
     cmap = plt.get_cmap("viridis").with_extremes(bad="0.85")  # NoPE rows
     im = ax.imshow(grid, cmap=cmap, vmin=0.0, aspect="auto", interpolation="nearest")
     ax.set_yticks(
@@ -379,15 +386,17 @@ def plot_layers(use: FrequencyUse, path: str | Path) -> Path:
     ax.set_xlabel(label, fontsize=8)
     ax.set_ylabel("layer", fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # pairs are whole numbers
     if wavelengths:
         _wavelength_axis(ax, wavelengths)
+    # The source on a line of its own: a run's name at a step fits the narrowest figure
+    # alone, not after the rest (the title is centred on the map, left of the colour bar).
     ax.set_title(
-        f"RoPE frequency use, heads pooled: {use.source or 'model'}\n"
-        f"share of mean ||q_pair|| ||k_pair|| per layer, {use.tokens:,} tokens",
+        f"RoPE frequency use, heads pooled, {use.tokens:,} tokens\n{use.source or 'model'}\n"
+        "share of mean ||q_pair|| ||k_pair|| per layer",
         fontsize=9,
     )
     fig.colorbar(im, ax=ax, label="share of the layer's total")
-    fig.tight_layout()
     return _save(fig, Path(path))
 
 
@@ -399,6 +408,7 @@ def plot_heads(use: FrequencyUse, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     rope = [layer for layer in use.layers if layer.rope]
     n = max(len(rope), 1)
@@ -406,7 +416,11 @@ def plot_heads(use: FrequencyUse, path: str | Path) -> Path:
     rows = math.ceil(n / cols)
     top = max((max(map(max, layer.share_per_head)) for layer in rope), default=1.0)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(1.0 + 2.4 * cols, 0.8 + 2.1 * rows), squeeze=False
+        rows,
+        cols,
+        figsize=(max(4.5, 1.0 + 2.4 * cols), 0.8 + 2.1 * rows),
+        squeeze=False,
+        layout="constrained",  # each panel's title clear of the ticks above it
     )
     im = None
     for ax in axes.flat[len(rope) :]:
@@ -422,14 +436,16 @@ def plot_heads(use: FrequencyUse, path: str | Path) -> Path:
         )
         ax.set_title(f"layer {layer.layer}", fontsize=8)
         ax.tick_params(labelsize=6)
+        for axis in (ax.xaxis, ax.yaxis):  # pairs and heads are whole numbers
+            axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     nope = [layer.layer for layer in use.layers if not layer.rope]
-    note = f"; NoPE layers (no pairs): {', '.join(map(str, nope))}" if nope else ""
+    note = f"\nNoPE layers (no pairs): {', '.join(map(str, nope))}" if nope else ""
     if not rope:
         axes.flat[0].text(0.5, 0.5, "no RoPE layer", ha="center", va="center")
     fig.supxlabel("rotary pair j = frequency rank (0 = highest frequency)", fontsize=8)
     fig.supylabel("query head", fontsize=8)
     fig.suptitle(
-        f"RoPE frequency use per head: {use.source or 'model'}, {use.tokens:,} tokens{note}",
+        f"RoPE frequency use per head, {use.tokens:,} tokens\n{use.source or 'model'}{note}",
         fontsize=9,
     )
     if im is not None:

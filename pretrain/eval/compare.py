@@ -343,7 +343,9 @@ def plot_downstream(groups: list[Group], out: str | Path) -> Path:
         )
     cols = min(4, len(bands))
     rows = math.ceil(len(bands) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False, layout="constrained"
+    )
     for ax, (name, lines) in zip(axes.flat, bands.items(), strict=False):
         for label, xs, means, stds in lines:
             (line,) = ax.plot(xs, means, marker=".", label=label)
@@ -357,8 +359,14 @@ def plot_downstream(groups: list[Group], out: str | Path) -> Path:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(bands) :]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
+    # One legend for every panel, below them: in a panel it would cover that panel's lines.
+    handles = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(
+        list(handles.values()), list(handles), loc="outside lower center", ncols=cols, fontsize=7
+    )
     return save_png(fig, out)
 
 

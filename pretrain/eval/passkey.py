@@ -434,7 +434,10 @@ def plot_passkey(grid: PasskeyGrid, out: str | Path) -> Path:
 
     acc = grid.accuracy
     nd, nl = len(grid.depths), len(grid.lengths)
-    fig, ax = plt.subplots(figsize=(2.2 + 1.1 * nl, 1.6 + 0.5 * nd))
+    # At least a title's width and a y label's height, for a grid of one or two cells.
+    fig, ax = plt.subplots(
+        figsize=(max(4.5, 2.2 + 1.1 * nl), max(3.2, 1.6 + 0.5 * nd)), layout="constrained"
+    )
     im = ax.imshow(acc, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
     for i in range(nd):
         for j in range(nl):
@@ -459,12 +462,11 @@ def plot_passkey(grid: PasskeyGrid, out: str | Path) -> Path:
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("depth of the key (0 = start)")
     label = grid.info.get("label", "model")
-    ax.set_title(
-        f"passkey retrieval: {label}\n{grid.trials} trials per cell, greedy, exact match",
+    ax.set_title(  # the label on a line of its own: a run's name at a step is long
+        f"passkey retrieval\n{label}\n{grid.trials} trials per cell, greedy, exact match",
         fontsize=9,
     )
     fig.colorbar(im, ax=ax, label="accuracy")
-    fig.tight_layout()
     return save_png(fig, out)
 
 

@@ -86,7 +86,7 @@ def plot_loss_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    fig, ax = plt.subplots(figsize=(10, 5.5), layout="constrained")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     any_spike = any_skip = any_rollback = False
     for i, run in enumerate(runs):
@@ -150,6 +150,6 @@ def plot_loss_curves(
         if on
     ]
     ax.set_title(title + "".join(", " + m for m in marks), fontsize=10)
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    # Right of the axes: inside, it would cover the rollbacks' notes and the first steps.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_png(fig, out)
