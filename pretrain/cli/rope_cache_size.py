@@ -107,14 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="PATH",
         help="also write a PNG: log-scale lines of cache bytes against context length "
-        "up to the largest --seq-lens, one per fraction",
+        "up to the largest --seq-lens, one per fraction (with --kv a panel per model: K+V, "
+        "each variant's latent cache at the first --latent-rank, its cos/sin tables)",
     )
     p.add_argument(
         "--check",
         action="store_true",
         help="build every preset in configs/models (or --preset) at several fractions, "
         "on meta and CPU, in fp32 and cast to bf16, and compare the bytes of its "
-        "rope buffers with the formula (they must stay fp32); exit 1 on a mismatch",
+        "rope buffers with the formula (they must stay fp32); also two pair selections of "
+        "each (on meta), and --kv's K+V formula against the bytes our KVCache allocates; "
+        "exit 1 on a mismatch",
     )
     args = p.parse_args(argv)
 
