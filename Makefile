@@ -93,13 +93,15 @@ lock:
 # ruff, the import contracts (docs/architecture.md: import-linter's, in pyproject.toml, then
 # the load-time and other rules of tests/contracts.py), then the
 # generated files: schemas/*.json and docs/configuration.md's tables are the schema's
-# (a stale one: one line naming it and `python tools/config_schema.py`, which rewrites them).
+# (a stale one: one line naming it and `python tools/config_schema.py`, which rewrites them),
+# then the files the docs and comments name (tests/stale_paths.py: one line per missing one).
 lint: venv
 	$(VENV)/bin/ruff check pretrain tools tests requirements
 	$(VENV)/bin/ruff format --check pretrain tools tests requirements
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(PY) tests/contracts.py
 	$(PY) tools/config_schema.py --check
+	$(PY) tests/stale_paths.py
 
 # The documentation site (mkdocs.yml, docs/) into site/: strict, so a broken link, anchor or
 # missing page fails; the API pages are read from the docstrings without importing torch.

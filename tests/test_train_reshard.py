@@ -28,7 +28,7 @@ from pretrain.train.reshard import saved_ranks, universal_ready
 PROBE = Path(__file__).with_name("reshard_probe.py")
 _QUIET = dict(cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
 # (name, train section): every ZeRO stage, bf16 and fp32. ZeRO-0 in bf16 accumulates in bf16
-# (DeepSpeed cannot accumulate bf16 gradients in fp32 without ZeRO: config_checks).
+# (DeepSpeed cannot accumulate bf16 gradients in fp32 without ZeRO: pretrain/train/config.py).
 SETUPS = {
     "z0_fp32": {"zero_stage": 0, "precision": "fp32"},
     "z0_bf16": {"zero_stage": 0, "precision": "bf16", "grad_accum_dtype": "bf16"},

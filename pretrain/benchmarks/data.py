@@ -7,7 +7,7 @@ What it runs: the real web-text samples in ../shared/data/webtext (FineWeb, Fine
 CCNet; 700 documents, ~0.94M Pythia tokens), written `--copies` times into one jsonl file,
 prepared end to end (read, tokenize, append EOD, write .bin/.idx) by `prepare()` with each
 worker count. Next to it, the same input through a re-implementation of the loop of
-Megatron-LM's / GPT-NeoX's tools/preprocess_data.py (a multiprocessing Pool's imap over
+Megatron-LM's / GPT-NeoX's preprocess_data.py (a multiprocessing Pool's imap over
 lines, chunksize 25, one `tokenizer.encode(text)` call per document, `add_document` per
 document), the reference the issue sets.
 

@@ -2,7 +2,7 @@
 
     python tools/plan.py configs/paper/llama8b_rope10.yaml --gpus 256          # one count
     python tools/plan.py configs/paper/llama1b_rope10.yaml --scaling           # 8 to 1,024
-    python tools/plan.py --paper-scaling --plot docs/img/scaling.png           # every paper run
+    python tools/plan.py --paper-scaling --plot docs/img/scaling_paper.png     # every paper run
 
 The global batch stays the config's (the paper: 2^23 tokens a step at every length), so more
 GPUs share a step: each GPU's compute shrinks as 1/N at the plan's MFU (measured on one GPU:

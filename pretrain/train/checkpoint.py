@@ -288,7 +288,7 @@ class Checkpointer:
     step; with checkpoint.async an AsyncWriter (pretrain/train/async_save.py) takes a host
     copy and returns while a thread writes it, and `wait()` blocks until it is on disk. Every
     save, load and rollback waits for the save in flight first; so do the end of a run
-    and a pre-emption (callbacks/checkpointing.py).
+    and a pre-emption (pretrain/train/checkpoint_schedule.py).
     """
 
     def __init__(self, ckpt_dir: Path, cfg: CheckpointConfig, rank: int, world_size: int):

@@ -25,7 +25,7 @@ from pretrain.config import ScheduleConfig
 def warmup_steps(schedule: ScheduleConfig, train_iters: int) -> int:
     """`schedule.warmup_steps` when set, else round(warmup_fraction * train_iters).
 
-    The ranges are checked once, with the rest of the config (pretrain/config_checks.py)."""
+    The ranges are checked once, with the rest of the config (pretrain/train/config.py)."""
     if schedule.warmup_steps is not None:
         return schedule.warmup_steps
     return round((schedule.warmup_fraction or 0.0) * train_iters)

@@ -29,7 +29,7 @@ class Evaluator:
     part) with the trainer (as callbacks see it: `cfg`, `run`, `step`, `layout`, `is_main`,
     `log()`) and the step's record; it returns scalars (the same on every rank; rank 0
     writes them) and may add images to `record.images`. It must leave training as it found
-    it: the model back in training mode, no RNG drawn (tests/test_train_evaluators.py).
+    it: the model back in training mode, no RNG drawn (tests/test_train_metrics_path.py).
     """
 
     def setup(self, trainer: Any) -> None: ...

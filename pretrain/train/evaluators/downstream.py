@@ -15,9 +15,10 @@ downstream/<task>/{acc,acc_norm,perplexity,bits_per_byte} go through the one met
 (metrics.jsonl, TensorBoard, W&B), each document's loglikelihoods to
 RUN/downstream/step_NNNNNNN.json, the chosen documents to RUN/downstream/examples.json.
 
-Refused before the first step: unknown tasks and missing data (config_checks.py), and
-documents whose continuation alone is longer than the model's context (set-up here). A task
-that fails during the run is logged and left out from then on; training goes on.
+Refused before the first step: unknown tasks (pretrain/eval/config.py), missing data
+(pretrain/preflight.py), and documents whose continuation alone is longer than the model's
+context (set-up here). A task that fails during the run is logged and left out from then on;
+training goes on.
 """
 
 from __future__ import annotations
