@@ -17,10 +17,10 @@ def test_every_file_the_docs_and_comments_name_is_in_the_repository():
     assert lint and "tests/stale_paths.py" in lint.group(0), "make lint does not run the check"
 
 
-PLANTED_MODULE = '''"""A module's docstring: the pre-emption is callbacks/checkpointing.py's (moved since),
-training's engine train/engine.py and pretrain/train/callbacks/hang.py (both there)."""
+PLANTED_MODULE = '''"""The pre-emption is callbacks/checkpointing.py's (moved since), the
+engine train/engine.py and pretrain/train/callbacks/hang.py (both there)."""
 
-# Checked once, in pretrain/config_checks.py; documented in docs/training.md.
+# Checked once, in pretrain/config_checks.py; tested in tests/conftest.py.
 X = "runs/out/configs/written_by_this.yaml"  # a file code writes: not a pointer, not read
 MESSAGE = "see docs/gone_page.md, 'A section'"  # a message's pointer into the docs
 
