@@ -243,7 +243,9 @@ class RopePairsConfig(Section):
         sel = self.selected or []
         counts = sorted({len(kept) for layer in sel if any(layer) for kept in layer} or {0})
         n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-        how = {None: "as selected", "usage": f"usage top-{self.kept(head_dim)} of {self.usage_map}"}
+        k = self.kept(head_dim)
+        k = n if k is None else k  # a resolved config may give the pairs alone
+        how = {None: "as selected", "usage": f"usage top-{k} of {self.usage_map}"}
         first = [
             (i, g, kept) for i, layer in enumerate(sel) for g, kept in enumerate(layer) if kept
         ]
@@ -251,7 +253,7 @@ class RopePairsConfig(Section):
         if first:
             i, g, kept = first[0]
             at = f", layer {i} kv {g}: {','.join(map(str, kept))}"
-        text = how.get(self.strategy, f"{self.strategy} {self.kept(head_dim)}")
+        text = how.get(self.strategy, f"{self.strategy} {k}")
         return f"{n} of {head_dim // 2} pairs per KV head ({text}{at})"
 
 

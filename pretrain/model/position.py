@@ -61,7 +61,8 @@ class LayerPosition:
     alibi: bool  # -slope_h x (i - j) on the logits (alibi_slopes)
     # A pair selection (model.rope_pairs): per KV head, the sorted pairs j that rotate, in
     # full RoPE's layout (dims j and j + head_dim/2 at theta^(-2j/head_dim)); query heads
-    # follow their group. None: the first rotary_dims dims rotate, as above.
+    # follow their group; rotary_dims is then head_dim (the table it reads: full RoPE's), and
+    # kv_rotary_dims says what each head rotates. None: the first rotary_dims dims rotate.
     pairs: tuple[tuple[int, ...], ...] | None = None
 
     @property
