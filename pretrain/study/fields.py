@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,15 @@ def checked_key(w: Where, where: str, key: Any, fix: str) -> str:
     return str(key)
 
 
+def unknown_field(w: Where, where: str, field: Any, known: Sequence[str]) -> StudyError:
+    hint = did_you_mean(str(field), known)
+    return w.error(where, f"unknown field {field!r}{hint}", f"use one of {', '.join(known)}")
+
+
 def refuse_unknown_fields(w: Where, where: str, data: dict, known: tuple[str, ...]) -> None:
     for k in data:
         if k not in known:
-            raise w.error(
-                where,
-                f"unknown field {k!r}{did_you_mean(str(k), known)}",
-                f"use one of {', '.join(known)}",
-            )
+            raise unknown_field(w, where, k, known)
 
 
 @dataclass(frozen=True)
@@ -327,4 +329,5 @@ __all__ = [
     "refuse_unknown_fields",
     "render_template",
     "shown_path",
+    "unknown_field",
 ]

@@ -8,7 +8,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from pretrain.schema import Int, Section, config_error, did_you_mean, validate_section, yaml_keys
+from pretrain.schema import Int, Section, config_error, validate_section, yaml_keys
+from pretrain.study.fields import Where, unknown_field
 
 GPUS = ("h100", "h200")
 
@@ -100,8 +101,8 @@ class StudyFile(Section):
     """Templates of the written files' comment lines."""
 
 
-def read_study_file(data: dict[str, Any]) -> StudyFile:
-    """Validate a study file's mapping; raises ValueError('WHERE: PROBLEM; FIX')."""
+def read_study_file(w: Where, data: dict[str, Any]) -> StudyFile:
+    """Validate a study file's mapping; a StudyError names the field and the fix."""
     try:
         return validate_section(StudyFile, data)
     except ValidationError as e:
@@ -111,15 +112,9 @@ def read_study_file(data: dict[str, Any]) -> StudyFile:
             section: type[Section] = StudyFile
             if len(loc) > 1:
                 section = {"layout": Layout, "headers": HeadersSpec, "seeds": Seeds}[loc[0]]
-            known = list(yaml_keys(section))
-            hint = did_you_mean(loc[-1], known)
             where = " ".join(loc[:-1]) or "top level"
-            raise ValueError(
-                f"{where}: unknown field {loc[-1]!r}{hint}; use one of {', '.join(known)}"
-            ) from None
-        raise ValueError(
-            f"{loc[0]}: {config_error(e, StudyFile, '')}; see docs/studies.md"
-        ) from None
+            raise unknown_field(w, where, loc[-1], list(yaml_keys(section))) from None
+        raise w.error(loc[0], str(config_error(e, StudyFile, "")), "see docs/studies.md") from None
 
 
 __all__ = ["GPUS", "HeadersSpec", "Layout", "Seeds", "StudyFile", "read_study_file"]

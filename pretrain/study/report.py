@@ -193,12 +193,6 @@ def plot_group_losses(groups: Sequence[_GroupRuns], repo: Path, out: Path) -> Pa
     return save_png(fig, out)
 
 
-def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, text, fsync=False)
-    return path
-
-
 def write_study_report(
     study: Study,
     repo: Path,
@@ -217,6 +211,7 @@ def write_study_report(
     progress = {r.name: read_progress(r, repo) for r in study.runs}
     finished = [r for r in study.runs if progress[r.name].done]
     report = StudyReport(out, "", [], len(finished), len(study.runs))
+    out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [f"# Study {study.name}", ""]
     if report.partial:
@@ -237,7 +232,7 @@ def write_study_report(
         lines += [f"Diverged (their figures are not finite): {', '.join(diverged)}.", ""]
     if not finished:
         report.markdown = "\n".join([*lines, "No run has finished yet: nothing to report."]) + "\n"
-        report.files.append(_write(out / "report.md", report.markdown))
+        report.files.append(atomic_write(out / "report.md", report.markdown, fsync=False))
         return report
 
     groups = _groups(study, finished, repo)
@@ -273,9 +268,9 @@ def write_study_report(
                 "",
                 welch_table(at_lengths, "baseline") if at_lengths else _NO_PAIR,
             ]
-    report.files.append(_write(out / "report.csv", to_csv(summaries, compared)))
+    report.files.append(atomic_write(out / "report.csv", to_csv(summaries, compared), fsync=False))
     if welch:
-        report.files.append(_write(out / "welch.csv", _welch_csv(welch, pairs)))
+        report.files.append(atomic_write(out / "welch.csv", _welch_csv(welch, pairs), fsync=False))
     if plots:
         lines += ["## Plots", "", "![loss curves](loss_curves.png)", ""]
         report.files.append(plot_group_losses(groups, repo, out / "loss_curves.png"))
@@ -284,7 +279,7 @@ def write_study_report(
             report.files.append(plot_position_curves(curves, out / "positions.png"))
             lines += ["![loss by position](positions.png)", ""]
     report.markdown = "\n".join(lines).rstrip() + "\n"
-    report.files.insert(0, _write(out / "report.md", report.markdown))
+    report.files.insert(0, atomic_write(out / "report.md", report.markdown, fsync=False))
     return report
 
 

@@ -66,18 +66,15 @@ def load_study(path: str | Path) -> Study:
         raise StudyError(
             f"{shown_path(path)}: the top level must be a mapping of fields; see docs/studies.md"
         )
-    try:
-        file = read_study_file(data)
-    except ValueError as e:
-        raise StudyError(f"{shown_path(path)}: {e}") from None
-    return _Loader(Where(path), path.resolve(), data, file).study()
+    w = Where(path)
+    return _Loader(w, path.resolve(), read_study_file(w, data)).study()
 
 
 class _Loader:
     """One study file's parts, parsed in order; `study()` expands and checks the runs."""
 
-    def __init__(self, w: Where, path: Path, data: dict[str, Any], file: StudyFile):
-        self.w, self.path, self.data, self.file = w, path, data, file
+    def __init__(self, w: Where, path: Path, file: StudyFile):
+        self.w, self.path, self.file = w, path, file
         self.repo = path.parent.parent
         self.name = file.name or path.stem
         if not LABEL.match(self.name):
@@ -96,7 +93,7 @@ class _Loader:
         self.rules = parse_rules(w, file.rules)
         self.seeds, self.seed_key = self._seeds()
         self.layout = self._layout()
-        self.slurm_spec, self.array, self.max_running = slurm_options(w, data.get("slurm"))
+        self.slurm_spec, self.array, self.max_running = slurm_options(w, file.slurm)
         self.plan = self._plan_file()
         self.exclude = parse_exclude(w, "exclude", file.exclude, self.axes)
         self.grids = self._grids()
@@ -152,7 +149,9 @@ class _Loader:
         return {r["name"]: r for r in json.loads((self.repo / spec).read_text())["runs"]}
 
     def _grids(self) -> tuple[Grid, ...]:
-        top = {k: self.data[k] for k in GRID_FIELDS[:4] if k in self.data}  # not exclude, slurm
+        # Grid fields given at the top are every grid's (exclude: and slurm: are the study's).
+        shared = ("run_name", "run_description", "product", "zip")
+        top = {k: getattr(self.file, k) for k in shared if k in self.file.model_fields_set}
         grids = self.file.grids
         if grids is None:
             return (self._grid("grid", {}, top),)
