@@ -32,8 +32,8 @@ from pretrain.study.records import (
     write_local_record,
 )
 from pretrain.study.runs import relative_path
-from pretrain.study.selection import Echo, check_files, eval_done, report_skipped
-from pretrain.study.status import COMPLETED, SUBMITTABLE, duration, read_progress, study_status
+from pretrain.study.selection import Echo, choose_runs
+from pretrain.study.status import duration, read_progress, study_status
 
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
@@ -115,19 +115,11 @@ class LocalExecutor:
             raise StudyUsageError(f"--parallel {self.parallel}: give at least 1")
         study, repo = self.study, self.repo
         with study_lock(study.out_dir, "the local executor"):
-            rows = {r.run.name: r for r in study_status(study, repo).rows}
-            train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
-            completed = [
-                r for r in runs if rows[r.name].state == COMPLETED and not eval_done(r, repo)
-            ]
-            evals = completed if self.evaluate else []
-            report_skipped(runs, rows, [*train, *evals], self.echo)
-            check_files(study, train, repo, slurm=False)
+            status = study_status(study, repo)
+            train, evals, _ = choose_runs(
+                study, repo, runs, status, evaluate=self.evaluate, slurm=False, echo=self.echo
+            )
             if not train and not evals:
-                self.echo(
-                    "nothing to run: every run is done, queued or running "
-                    "(python tools/study.py status)"
-                )
                 return 0
             where = f"GPUs {','.join(self.gpus)}" if self.gpus else f"CPU, {os.cpu_count()} cores"
             also = f" and {len(evals)} evaluation(s)" if evals else ""

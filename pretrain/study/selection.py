@@ -1,19 +1,20 @@
 """What a study's `submit` runs, for both executors (slurm_submit.py, local_executor.py): the
-runs `--only` names, the files they need, the evaluation options, the runs skipped and why.
-What is SUBMITTABLE and how a run is never submitted twice: docs/studies.md, "submit"."""
+runs `--only` names, and of those the ones to train or evaluate, the files they need, the runs
+skipped and why. What is SUBMITTABLE and how a run is never submitted twice: docs/studies.md,
+"submit"."""
 
 from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pretrain.run_layout import EVAL_DIR, step_tag
 from pretrain.study.records import StudyUsageError
 from pretrain.study.runs import relative_path
-from pretrain.study.status import DIVERGED, RunStatus, run_folder
+from pretrain.study.status import COMPLETED, DIVERGED, SUBMITTABLE, StudyStatus, run_folder
 from pretrain.study.write import study_files
 
 if TYPE_CHECKING:
@@ -58,13 +59,60 @@ def select_runs(study: Study, only: Sequence[str] = ()) -> list[StudyRun]:
     return runs
 
 
-def eval_done(run: StudyRun, repo: Path) -> bool:
+class Chosen(NamedTuple):
+    """What one `submit` does with the runs it was given."""
+
+    train: list[StudyRun]  # SUBMITTABLE: not started, stopped, cancelled, failed or hung
+    evals: list[StudyRun]  # completed without an evaluation of their last checkpoint
+    skipped: list[tuple[str, str]]  # (run name, its state) of the others
+
+
+def choose_runs(
+    study: Study,
+    repo: Path,
+    runs: Sequence[StudyRun],
+    status: StudyStatus,
+    *,
+    evaluate: bool,
+    slurm: bool,
+    echo: Echo,
+    evals_queued: Callable[[list[StudyRun]], Collection[str]] = lambda runs: (),
+) -> Chosen:
+    """The runs of `runs` to train and to evaluate, their files checked; says why each other
+    run is skipped, and when there is nothing to do. `evals_queued`: the names of those of
+    the runs to evaluate whose evaluation waits in the queue already."""
+    rows = {r.run.name: r for r in status.rows}
+    train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
+    evals = []
+    if evaluate:
+        evals = [r for r in runs if rows[r.name].state == COMPLETED and not _evaluated(r, repo)]
+        queued = evals_queued(evals) if evals else ()
+        evals = [r for r in evals if r.name not in queued]
+    _check_files(study, repo, train, slurm)
+    skipped = [(r.name, rows[r.name].state) for r in runs if r not in train and r not in evals]
+    for name, state in skipped:
+        if state == DIVERGED:
+            echo(
+                f"{name}: diverged ({rows[name].detail}), skipped: change its config, or "
+                "remove its run folder to start over"
+            )
+        else:
+            echo(f"{name}: {state}, skipped")
+    if not train and not evals:
+        echo(
+            f"nothing to {'submit' if slurm else 'run'}: every run is done, queued or running "
+            "(python tools/study.py status)"
+        )
+    return Chosen(train, evals, skipped)
+
+
+def _evaluated(run: StudyRun, repo: Path) -> bool:
     """The run's last checkpoint has an evaluation folder (RUN/eval/step_TOTAL[_scaling]/)."""
     total = int((run.config.get("train") or {}).get("train_iters") or 0)
     return any((run_folder(run, repo) / EVAL_DIR).glob(step_tag(total) + "*"))
 
 
-def check_files(study: Study, runs: Sequence[StudyRun], repo: Path, slurm: bool) -> None:
+def _check_files(study: Study, repo: Path, runs: Sequence[StudyRun], slurm: bool) -> None:
     """The files the runs need are written and are what the study writes today: a study
     edited since its `write` would otherwise train the old configs."""
 
@@ -83,16 +131,15 @@ def check_files(study: Study, runs: Sequence[StudyRun], repo: Path, slurm: bool)
         if study.array and runs:
             need.add(str(study.array_script))
     want = study_files(study)
-    missing = sorted(p for p in need if not (Path(repo) / p).is_file())
+    missing = sorted(p for p in need if not (repo / p).is_file())
     stale = sorted(
-        p for p in need - set(missing) if p in want and (Path(repo) / p).read_text() != want[p]
+        p for p in need - set(missing) if p in want and (repo / p).read_text() != want[p]
     )
     for files, what in ((missing, "are not written"), (stale, "differ from what the study writes")):
         if files:
             raise StudyUsageError(
                 f"{len(files)} file(s) of the study {what} ({first_three(files)}); "
-                f"run: python tools/study.py write "
-                f"{relative_path(Path(study.path), Path(repo))}"
+                f"run: python tools/study.py write {relative_path(Path(study.path), repo)}"
             )
 
 
@@ -101,31 +148,4 @@ def eval_arguments(text: str | None) -> list[str]:
     return shlex.split(text if text is not None else os.environ.get(EVAL_ARGS_ENV, ""))
 
 
-def report_skipped(
-    runs: Sequence[StudyRun], rows: Mapping[str, RunStatus], chosen: Sequence[StudyRun], echo: Echo
-) -> list[tuple[str, str]]:
-    """Say why each of `runs` that is not `chosen` is skipped; (run name, state) of each."""
-    skipped = []
-    for run in runs:
-        if run not in chosen:
-            row = rows[run.name]
-            skipped.append((run.name, row.state))
-            if row.state == DIVERGED:
-                echo(
-                    f"{run.name}: diverged ({row.detail}), skipped: change its config, or "
-                    "remove its run folder to start over"
-                )
-            else:
-                echo(f"{run.name}: {row.state}, skipped")
-    return skipped
-
-
-__all__ = [
-    "EVAL_ARGS_ENV",
-    "Echo",
-    "check_files",
-    "eval_arguments",
-    "eval_done",
-    "report_skipped",
-    "select_runs",
-]
+__all__ = ["EVAL_ARGS_ENV", "Chosen", "Echo", "choose_runs", "eval_arguments", "select_runs"]

@@ -5,28 +5,20 @@ runs. docs/studies.md ("submit") describes the lanes of `max_running` and the ch
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pretrain.slurm_jobs import queued_jobs, sbatch, slurm_unreachable
 from pretrain.study.records import StudyUsageError, Submission, add_submission, now_utc, study_lock
-from pretrain.study.selection import Echo, check_files, eval_done, report_skipped
-from pretrain.study.status import ACTIVE, COMPLETED, SUBMITTABLE, run_folder, study_status
+from pretrain.study.selection import Echo, choose_runs
+from pretrain.study.status import ACTIVE, run_folder, study_status
 
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
 
 EVALUATE_SCRIPT = "slurm/evaluate.sh"
-
-
-@dataclass
-class SlurmSubmitted:
-    """What one `submit` did: (run name, training job, evaluation job) per submission."""
-
-    jobs: list[tuple[str, str | None, str | None]] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def submit_to_slurm(
@@ -39,8 +31,9 @@ def submit_to_slurm(
     dry_run: bool = False,
     env: Mapping[str, str] | None = None,
     echo: Echo = print,
-) -> SlurmSubmitted:
-    """Submit `runs` that are not done, queued or running; print and return the job ids."""
+) -> SlurmSubmit:
+    """Submit `runs` that are not done, queued or running; print the job ids, and return the
+    submission (its `jobs` and `skipped`)."""
     if max_running is not None and max_running < 1:
         raise StudyUsageError(f"--max-running {max_running}: give at least 1")
     why = slurm_unreachable(env)
@@ -48,49 +41,46 @@ def submit_to_slurm(
         raise StudyUsageError(
             f"cannot reach Slurm ({why}); on a machine without Slurm use --executor local"
         )
-    repo = Path(repo)
-    submit = _Submit(study, repo, env, echo, dry_run, evaluate, eval_args)
+    submit = SlurmSubmit(study, Path(repo), env, echo, dry_run, evaluate, eval_args)
     with study_lock(study.out_dir, "submit"):
-        status = study_status(study, repo, ask_slurm=True, env=env)
-        rows = {r.run.name: r for r in status.rows}
-        train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
-        completed = [r for r in runs if rows[r.name].state == COMPLETED and not eval_done(r, repo)]
-        evals = completed if evaluate else []
-        if evals:  # not those whose evaluation job is in the queue
-            busy = {j.name for j in queued_jobs([_eval_job_name(r) for r in evals], env)}
-            evals = [r for r in evals if _eval_job_name(r) not in busy]
-        check_files(study, train, repo, slurm=True)
-        submit.done.skipped += report_skipped(runs, rows, [*train, *evals], echo)
+        status = study_status(study, submit.repo, ask_slurm=True, env=env)
+        train, evals, submit.skipped = choose_runs(
+            study,
+            submit.repo,
+            runs,
+            status,
+            evaluate=evaluate,
+            slurm=True,
+            echo=echo,
+            evals_queued=submit.evals_queued,
+        )
+        if not train and not evals:
+            return submit
         max_running = max_running or study.max_running
         if study.array:
-            jobs = submit.array(train, max_running)
+            submit.array(train, max_running)
         else:
             queue = [r.job for r in status.rows if r.state in ACTIVE and r.job.isdigit()]
-            jobs = submit.scripts(sorted(queue, key=lambda j: (len(j), j)), train, max_running)
-        for run, job in jobs:
-            submit.record(run, job)
+            submit.scripts(sorted(queue, key=lambda j: (len(j), j)), train, max_running)
         for run in evals:
             if dry_run:
                 echo(f"{run.name}: would submit its evaluation ({EVALUATE_SCRIPT})")
                 continue
             eval_job = submit.evaluation(run, None)
-            submit.done.jobs.append((run.name, None, eval_job))
+            submit.jobs.append((run.name, None, eval_job))
             echo(f"{run.name}: completed; evaluation job {eval_job}")
-    ids = [j for _, t, e in submit.done.jobs for j in (t, e) if j]
     if dry_run:
         echo(f"dry run: {len(train)} run(s) and {len(evals)} evaluation(s) would be submitted")
-    elif ids:
-        echo(f"submitted {len(submit.done.jobs)} run(s): jobs {' '.join(ids)}")
     else:
-        echo(
-            "nothing to submit: every run is done, queued or running (python tools/study.py status)"
-        )
-    return submit.done
+        ids = [j for _, t, e in submit.jobs for j in (t, e) if j]
+        echo(f"submitted {len(submit.jobs)} run(s): jobs {' '.join(ids)}")
+    return submit
 
 
 @dataclass
-class _Submit:
-    """One `submit`'s sbatch calls, from the repository root (the scripts use relative paths)."""
+class SlurmSubmit:
+    """One `submit`: its sbatch calls, from the repository root (the scripts use relative
+    paths), and what it did: (run name, training job, evaluation job) per submission."""
 
     study: Study
     repo: Path
@@ -99,11 +89,10 @@ class _Submit:
     dry_run: bool
     evaluate: bool
     eval_args: Sequence[str]
-    done: SlurmSubmitted = field(default_factory=SlurmSubmitted)
+    jobs: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
-    def scripts(
-        self, queue: list[str], train: Sequence[StudyRun], max_running: int | None
-    ) -> Iterator[tuple[StudyRun, str]]:
+    def scripts(self, queue: list[str], train: Sequence[StudyRun], max_running: int | None) -> None:
         """One sbatch per run script. With `max_running` N, job k of the study's `queue` (its
         jobs in the queue, oldest first, then these) waits for job k - N to end, whatever its
         end: N lanes, so no more than N run at once, and a failure does not stop the lane."""
@@ -124,11 +113,9 @@ class _Submit:
             queue.append(job)
             waits = f", after job {after}" if after else ""
             self.echo(f"{run.name}: job {job} ({run.script_path}, run folder {run.run_dir}){waits}")
-            yield run, job
+            self._record(run, job)
 
-    def array(
-        self, train: Sequence[StudyRun], max_running: int | None
-    ) -> Iterator[tuple[StudyRun, str]]:
+    def array(self, train: Sequence[StudyRun], max_running: int | None) -> None:
         """One sbatch of the study's job array with the tasks of `train` (task i = run i);
         `max_running` N is the array's own throttle (%N)."""
         if not train:
@@ -145,9 +132,21 @@ class _Submit:
         for run in train:
             job = f"{array}_{index[run.name]}"
             self.echo(f"{run.name}: job {job} (run folder {run.run_dir})")
-            yield run, job
+            self._record(run, job)
 
-    def record(self, run: StudyRun, job: str) -> None:
+    def evaluation(self, run: StudyRun, after: str | None) -> str:
+        opts = [f"--job-name={_eval_job_name(run)}"]
+        if after is not None:
+            # afterok holds it through every requeue of the training job; a failure cancels it.
+            opts += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+        return sbatch([*opts, EVALUATE_SCRIPT, run.run_dir, *self.eval_args], self.repo, self.env)
+
+    def evals_queued(self, runs: list[StudyRun]) -> set[str]:
+        """The names of those of `runs` whose evaluation job is in the queue."""
+        queued = {j.name for j in queued_jobs([_eval_job_name(r) for r in runs], self.env)}
+        return {r.name for r in runs if _eval_job_name(r) in queued}
+
+    def _record(self, run: StudyRun, job: str) -> None:
         """Chain the evaluation, and record the job before anything else can fail: a submit
         that dies half-way must still know its jobs (the queue knows them by name too, until
         they leave it)."""
@@ -156,16 +155,9 @@ class _Submit:
             eval_job = self.evaluation(run, job) if self.evaluate else None
         finally:
             add_submission(self.study.out_dir, run.name, Submission(job, eval_job, now_utc()))
-            self.done.jobs.append((run.name, job, eval_job))
+            self.jobs.append((run.name, job, eval_job))
         if eval_job:
             self.echo(f"{run.name}: evaluation job {eval_job} after job {job} completes")
-
-    def evaluation(self, run: StudyRun, after: str | None) -> str:
-        opts = [f"--job-name={_eval_job_name(run)}"]
-        if after is not None:
-            # afterok holds it through every requeue of the training job; a failure cancels it.
-            opts += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
-        return sbatch([*opts, EVALUATE_SCRIPT, run.run_dir, *self.eval_args], self.repo, self.env)
 
     def _sbatch(self, args: list[str], runs: Sequence[StudyRun]) -> str:
         for run in runs:  # slurm/launch.sh links its log into the run folder
@@ -177,4 +169,4 @@ def _eval_job_name(run: StudyRun) -> str:
     return f"eval_{run.job_name}"
 
 
-__all__ = ["SlurmSubmitted", "submit_to_slurm"]
+__all__ = ["SlurmSubmit", "submit_to_slurm"]
