@@ -22,6 +22,7 @@ import yaml
 from pretrain.config import ConfigError, ModelConfig, from_dict, to_dict, yaml_error_message
 from pretrain.errors import UserError
 from pretrain.integrity import UNVERIFIED, is_unverified, verify_checkpoint
+from pretrain.model.pairs import describe
 from pretrain.model.transformer import Transformer
 from pretrain.run_layout import (
     CHECKPOINTS_DIR,
@@ -313,7 +314,7 @@ def _pairs_text(cfg: ModelConfig) -> str:
     '8 of 32 pairs per KV head (usage top-8 of FILE, layer 0 kv 0: 0,1,3,...)'. The pairs of a
     selection keep their dims (j, j + head_dim/2) and frequency: no weight is re-paired."""
     if cfg.rope_pairs is not None:
-        return cfg.rope_pairs.describe(cfg.head_dim)
+        return describe(cfg.rope_pairs, cfg.head_dim)
     r, d = cfg.rope_dims, cfg.head_dim
     if r == d:
         return f"full {d // 2} pairs"

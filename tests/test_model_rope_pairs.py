@@ -18,6 +18,8 @@ from pretrain.analysis.frequency_use import frequency_use
 from pretrain.config import Config, ConfigError, ModelConfig, from_dict, load_config
 from pretrain.hf import HFConversionError, choose_target, export_hf, read_hf_folder
 from pretrain.model import Transformer
+from pretrain.model.pairs import resolve_pairs
+from pretrain.model.position import layer_positions
 from pretrain.weights import init_from_summary, load_initial_weights, save_weights
 
 # 3 layers, 4 query heads on 2 KV heads of 16 dims: 8 pairs per head.
@@ -153,7 +155,12 @@ def usage_map(tmp_path_factory) -> tuple[Path, Transformer]:
 def test_usage_keeps_the_pairs_of_largest_summed_use_of_each_kv_group(usage_map, tmp_path):
     path, _ = usage_map
     layers = json.loads(path.read_text())["layers"]
-    cfg = ModelConfig(**SHAPE, rope_pairs={"strategy": "usage", "pairs": 3, "usage_map": str(path)})
+    given = ModelConfig(
+        **SHAPE, rope_pairs={"strategy": "usage", "pairs": 3, "usage_map": str(path)}
+    )
+    assert given.rope_pairs.selected is None  # a config is read without reading the map
+    cfg = resolve_pairs(given)
+    assert layer_positions(given) == layer_positions(cfg)  # a model built from it reads it
     for i, layer in enumerate(layers):
         for g in range(2):  # KV head g serves query heads 2g and 2g + 1
             score = [
@@ -173,9 +180,11 @@ def test_usage_keeps_the_pairs_of_largest_summed_use_of_each_kv_group(usage_map,
     for layer in flat["layers"]:
         layer["per_head"] = [[1.0] * 8 for _ in range(4)]
     (tmp_path / "flat.json").write_text(json.dumps(flat))
-    tied = ModelConfig(
-        **SHAPE,
-        rope_pairs={"strategy": "usage", "pairs": 3, "usage_map": str(tmp_path / "flat.json")},
+    tied = resolve_pairs(
+        ModelConfig(
+            **SHAPE,
+            rope_pairs={"strategy": "usage", "pairs": 3, "usage_map": str(tmp_path / "flat.json")},
+        )
     )
     assert tied.rope_pairs.selected == [[[0, 1, 2], [0, 1, 2]]] * 3
     # once resolved, the config needs no map: the run is reproducible without the file
@@ -197,13 +206,13 @@ def test_a_missing_or_mismatched_usage_map_is_one_line_naming_field_and_file(usa
     for where, words in cases.items():
         keys = {"strategy": "usage", "pairs": 2, "usage_map": where}
         with pytest.raises(ConfigError) as e:
-            ModelConfig(**SHAPE, rope_pairs=keys)
+            Transformer(ModelConfig(**SHAPE, rope_pairs=keys))
         line = str(e.value)
         assert f"model.rope_pairs.usage_map={where}" in line and words in line, line
         assert "\n" not in line
     with pytest.raises(ConfigError, match="holds 3 layers; the model has 2"):
         keys = {"strategy": "usage", "pairs": 2, "usage_map": str(path)}
-        ModelConfig(**{**SHAPE, "n_layers": 2}, rope_pairs=keys)
+        resolve_pairs(ModelConfig(**{**SHAPE, "n_layers": 2}, rope_pairs=keys))
 
 
 # ----------------------------------------------------------------------------- the rotation
@@ -323,7 +332,8 @@ def surgery_case(usage_map_dir: Path) -> tuple[Transformer, Config, Path]:
         model={**shape, "rope_pairs": pairs},
         checkpoint={"init_from": str(usage_map_dir / "source")},
     )
-    return source_model, load_config(write_config(usage_map_dir / "run.yaml", cfg)), folder
+    config = load_config(write_config(usage_map_dir / "run.yaml", cfg))
+    return source_model, config.replace(model=resolve_pairs(config.model)), folder  # as Trainer
 
 
 def test_surgery_from_a_full_rope_run_keeps_every_weight(tmp_path):

@@ -55,6 +55,7 @@ from pretrain.analysis.rope_cache import (
 )
 from pretrain.config import ConfigError, ModelConfig
 from pretrain.model.attention import KVCache
+from pretrain.model.pairs import describe
 from pretrain.model.position import LayerPosition, layer_positions
 from pretrain.model.rope import rope_cache_bytes
 from pretrain.model.transformer import Transformer
@@ -214,7 +215,7 @@ def _pair_share(cfg: ModelConfig, one_in: int) -> ModelConfig | None:
 def _describe(cfg: ModelConfig) -> str:
     hd = cfg.head_dim
     if cfg.rope_pairs is not None:
-        return cfg.rope_pairs.describe(hd)
+        return describe(cfg.rope_pairs, hd)
     r = cfg.rope_dims
     return "NoPE" if r == 0 else f"RoPE {r}/{hd}"
 

@@ -7,9 +7,7 @@ table of it is generated from the descriptions below (tools/config_schema.py).
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Annotated, Literal
 
 import annotated_types
@@ -111,59 +109,13 @@ def strategy_pairs(strategy: str, kept: int, pairs: int) -> list[int]:
     raise ValueError(f"strategy {strategy!r} is not a fixed one")
 
 
-def _usage_scores(path: str, cfg: ModelConfig) -> list[list[list[float]]]:
-    """[layer][kv head][pair]: the summed `use` of the query heads of each KV group, from a
-    frequency-usage map (tools/frequency_use.py's JSON) of a model of cfg's shape measured
-    with full RoPE's pairs (rotary dims = head_dim); one line naming the file otherwise."""
-    where = f"model.rope_pairs.usage_map={path}"
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(
-            f"{where} not found; give the frequency_use.json that tools/frequency_use.py wrote "
-            f"for a full-RoPE run of this shape"
-        )
-    try:
-        layers = json.loads(file.read_text())["layers"]
-        shapes = [(d["heads"], d["kv_heads"], d["head_dim"], d["rotary_dims"]) for d in layers]
-        use = [d["per_head"] for d in layers]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(
-            f"{where} is not a frequency-usage map ({type(e).__name__}: {e}); give the JSON "
-            f"tools/frequency_use.py writes"
-        ) from None
-    H, KV, D, nope = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.nope_layer_set
-    _need(
-        len(layers) == cfg.n_layers,
-        f"{where} holds {len(layers)} layers; the model has {cfg.n_layers}: measure a run of "
-        f"this shape",
-    )
-    out = []
-    for i, ((h, kv, d, r), per_head) in enumerate(zip(shapes, use, strict=True)):
-        if i in nope:
-            out.append([[] for _ in range(KV)])
-            continue
-        _need(
-            (h, kv, d) == (H, KV, D),
-            f"{where}: layer {i} was measured with {h} heads, {kv} KV heads of {d} dims; the "
-            f"model has {H}, {KV} of {D}: measure a run of this shape",
-        )
-        _need(
-            r == D and len(per_head) == H and all(len(row) == D // 2 for row in per_head),
-            f"{where}: layer {i} was measured with {r} rotary dims of {D}, whose pairs are not "
-            f"full RoPE's (dims j, j + head_dim/2); measure a full-RoPE run",
-        )
-        group = H // KV  # query heads g*group .. (g+1)*group - 1 read KV head g
-        rows = [per_head[g * group : (g + 1) * group] for g in range(KV)]
-        out.append([[sum(col) for col in zip(*heads, strict=True)] for heads in rows])
-    return out
-
-
 class RopePairsConfig(Section):
     """Which of each head's head_dim/2 frequency pairs rotate, per layer and KV head
     (docs/pair_selection.md). Full RoPE's layout: pair j is dims j and j + head_dim/2 at
     theta^(-2j/head_dim), so every kept pair keeps its own frequency; the other pairs pass
-    through. A strategy is resolved into `selected` when the config is read; the resolved
-    config records both, and a config with `selected` needs no map file."""
+    through. A strategy is resolved into `selected` (`usage` when the model is built, from its
+    map: pretrain/model/pairs.py); the resolved config records both, and a config with
+    `selected` needs no map file."""
 
     key = "model.rope_pairs"
 
@@ -223,43 +175,6 @@ class RopePairsConfig(Section):
         if self.fraction is not None:
             return rotary_dims_from_fraction(self.fraction, head_dim) // 2
         return None
-
-    def resolve(self, cfg: ModelConfig) -> list[list[list[int]]]:
-        """`selected` from the strategy: [layer][kv head] -> sorted pairs; NoPE layers keep none."""
-        P, K, nope = cfg.head_dim // 2, self.kept(cfg.head_dim) or 0, cfg.nope_layer_set
-        if self.strategy == "usage":
-            return [
-                [_top(scores, K) for scores in layer]
-                for layer in _usage_scores(str(self.usage_map), cfg)
-            ]
-        fixed = strategy_pairs(str(self.strategy), K, P)
-        return [
-            [[] if i in nope else list(fixed) for _ in range(cfg.kv_heads)]
-            for i in range(cfg.n_layers)
-        ]
-
-    def describe(self, head_dim: int) -> str:
-        """'8 of 32 pairs per KV head (usage top-8 of FILE, layer 0 kv 0: 0,1,3,...)'."""
-        sel = self.selected or []
-        counts = sorted({len(kept) for layer in sel if any(layer) for kept in layer} or {0})
-        n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-        k = self.kept(head_dim)
-        k = n if k is None else k  # a resolved config may give the pairs alone
-        how = {None: "as selected", "usage": f"usage top-{k} of {self.usage_map}"}
-        first = [
-            (i, g, kept) for i, layer in enumerate(sel) for g, kept in enumerate(layer) if kept
-        ]
-        at = ""
-        if first:
-            i, g, kept = first[0]
-            at = f", layer {i} kv {g}: {','.join(map(str, kept))}"
-        text = how.get(self.strategy, f"{self.strategy} {k}")
-        return f"{n} of {head_dim // 2} pairs per KV head ({text}{at})"
-
-
-def _top(scores: list[float], k: int) -> list[int]:
-    """The k pairs of largest score, ties to the lower pair, in increasing order."""
-    return sorted(sorted(range(len(scores)), key=lambda j: (-scores[j], j))[:k])
 
 
 class ModelConfig(Section):
@@ -513,16 +428,19 @@ class ModelConfig(Section):
             f"{k} with model.rope_scaling or rope_spectrum p_rope is not supported: a selection "
             f"keeps full RoPE's frequencies; remove one",
         )
-        P, K = hd // 2, p.kept(hd)
+        P, K, n, nope, KV = hd // 2, p.kept(hd), self.n_layers, self.nope_layer_set, self.kv_heads
         _need(K is None or K <= P, f"{k}.pairs={K} exceeds the head's {P} pairs")
         _need(
             p.fraction is None or p.fraction == 0 or K,
             f"{k}.fraction={p.fraction} gives 0 pairs for head_dim {hd}; use >= {2 / hd:.4g}",
         )
         if p.selected is None:
-            self.rope_pairs = p.model_copy(update={"selected": p.resolve(self)})
+            if p.strategy != "usage":  # usage reads its map when the model is built (pairs.py)
+                fixed = strategy_pairs(p.strategy, K or 0, P)
+                sel = [[[] if i in nope else fixed for _ in range(KV)] for i in range(n)]
+                self.rope_pairs = p.model_copy(update={"selected": sel})
             return
-        sel, nope, KV = p.selected, self.nope_layer_set, self.kv_heads
+        sel = p.selected
         _need(
             len(sel) == self.n_layers and all(len(layer) == KV for layer in sel),
             f"{k}.selected must hold one list per KV head ({KV}) for each of the "

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from pretrain.model.config import ModelConfig
+from pretrain.model.pairs import resolve_pairs
 from pretrain.model.rope import RotaryEmbedding, inverse_frequencies, rope_cache_bytes
 
 
@@ -135,6 +136,7 @@ def layer_positions(cfg: ModelConfig) -> list[LayerPosition]:
     """Every layer's position settings from the config (the one place that reads them)."""
     nope, types = cfg.nope_layer_set, cfg.attention_types
     sliding_anywhere = "sliding" in types
+    cfg = resolve_pairs(cfg)
     selected = cfg.rope_pairs.selected if cfg.rope_pairs is not None else None
     out = []
     for i in range(cfg.n_layers):

@@ -21,6 +21,7 @@ from pretrain.model.config import ModelConfig, RopeScalingConfig
 from pretrain.model.document_attention import DocumentMask
 from pretrain.model.loss import IGNORE_INDEX, linear_cross_entropy
 from pretrain.model.norm import make_norm
+from pretrain.model.pairs import resolve_pairs
 from pretrain.model.position import LayerPosition, Positions, attended_pairs
 
 
@@ -85,6 +86,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         cfg.check()
+        cfg = resolve_pairs(cfg)  # a usage selection reads its map now (model/pairs.py)
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.learned_pos_emb else None

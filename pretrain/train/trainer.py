@@ -31,6 +31,7 @@ from pretrain.config import Config, ConfigError, to_dict
 from pretrain.data.pipeline import DataSource
 from pretrain.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from pretrain.faults import fault_point
+from pretrain.model.pairs import resolve_pairs
 from pretrain.run_layout import ROLLBACKS_FILE, RunLayout, atomic_write
 from pretrain.train import distributed as dist_utils
 from pretrain.train.callbacks import Callback, build_callbacks, build_evaluators
@@ -74,7 +75,8 @@ class Trainer:
         planner: RunPlanner | None = None,
         sinks: list[Sink] | None = None,
     ) -> None:
-        self.cfg = cfg
+        # A usage pair selection is read from its map once, here: the run's config records it.
+        self.cfg = cfg = cfg.replace(model=resolve_pairs(cfg.model))
         self.given_data = data
         self.planner = planner
         self.callbacks = callbacks if callbacks is not None else build_callbacks(cfg)

@@ -18,6 +18,7 @@ import torch
 
 from pretrain.config import ModelConfig, RopeScalingConfig
 from pretrain.errors import UserError
+from pretrain.model.pairs import describe
 from pretrain.model.position import layer_positions
 
 
@@ -131,7 +132,7 @@ def position_limits(
     if cfg.rope_pairs is not None:  # (its NoPE layers are the selection's: this line says it)
         problems.append(
             f"{class_name} rotates the same dims of every head; a pair selection "
-            f"(model.rope_pairs: {cfg.rope_pairs.describe(cfg.head_dim)}) is not representable"
+            f"(model.rope_pairs: {describe(cfg.rope_pairs, cfg.head_dim)}) is not representable"
         )
     elif not nope_layers and cfg.rope_dims > 0 and any(not p.rope for p in positions):
         spelled = (
