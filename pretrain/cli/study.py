@@ -48,28 +48,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     def flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
         p.add_argument(name, action="store_true", help=help)
 
-    p = command(
-        "plan", "per run: tokens, fits? peak memory per GPU, GPU-hours; exit 1: one won't fit"
-    )
+    p = command("plan", "per run: peak GPU memory, fits?, GPU-hours; exit 1 when one does not fit")
     p.add_argument("--gpu", choices=("h100", "h200"), help="default: the study's gpu:, else h200")
-    p.add_argument(
-        "--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilization for the times"
-    )
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="the MFU the times assume")
     flag(p, "--json", "print the rows as JSON")
     flag(p, "--fresh", "trace every run again, not from studies/NAME/plan_cache/")
-    p = command(
-        "write", "write every config and job script of the study; list the files that changed"
-    )
+    p = command("write", "write the study's configs and job scripts; list the files that changed")
     flag(p, "--array", "one Slurm job array instead of a script per run")
-    p.add_argument(
-        "--max-running", type=int, metavar="N", help="with --array: at most N runs at once (%%N)"
-    )
+    p.add_argument("--max-running", type=int, metavar="N", help="with --array: N at once (%%N)")
     flag(p, "--check", "write nothing; exit 1 listing the files that are not as written")
     p = command("list", "per run: seq len, batch layout, tokens per step and in all, nodes x GPUs")
     flag(p, "--markdown", "print a markdown table")
-    p = sub.add_parser(
-        "run-dir", help="print a config's run folder after its --set (slurm/*.sh ask it)"
-    )
+    p = sub.add_parser("run-dir", help="print a config's run folder, after its --set (slurm/*.sh)")
     p.add_argument("config", help="run config YAML")
     add_set_option(p, "train.train_iters=100")
     p = command(
@@ -106,23 +96,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"tools/evaluate.py options, one string (default: ${EVAL_ARGS_ENV})",
     )
     p.add_argument(
-        "--parallel",
-        type=int,
-        default=1,
-        metavar="N",
-        help="local: train N runs at once",
+        "--parallel", type=int, default=1, metavar="N", help="local: train N runs at once"
     )
-    p.add_argument(
-        "--gpus",
-        metavar="IDS",
-        help="local: 0,1 or none (default: every visible GPU)",
-    )
+    p.add_argument("--gpus", metavar="IDS", help="local: 0,1 or none (default: every visible GPU)")
     p.add_argument(
         "--progress-every",
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="local: a line on each run this often (default 30)",
+        help="local: print where each run is this often (default 30)",
     )
     flag(p, "--dry-run", "slurm: say what would be submitted, submit nothing")
     p = command(
@@ -140,13 +122,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="refresh every SECONDS (default 30) while a run is queued or running",
     )
     flag(p, "--no-slurm", "ask no Slurm: the run folders and the local records only")
-    p = command(
-        "report", "tables, Welch t-tests and plots of the finished runs, in studies/NAME/report/"
-    )
+    p = command("report", "tables, Welch t-tests and plots of the finished runs")
     p.add_argument(
         "--baseline",
         metavar="AXIS=LABEL[,AXIS=LABEL]",
-        help="test against this group (default: the study's baseline:)",
+        help="test every group against this one (default: the study's baseline:)",
     )
     p.add_argument("--out", metavar="DIR", help="write here instead of studies/NAME/report/")
     flag(p, "--no-plots", "tables and CSVs only")

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
@@ -25,7 +25,6 @@ from pretrain.study.records import (
     LocalRecord,
     StudyUsageError,
     now_utc,
-    read_local_record,
     state_dir,
     study_lock,
     take_run_lock,
@@ -81,6 +80,7 @@ class _Process:
     lock_fd: int | None = None
     log_start: int = 0  # where this start's output begins in the log
     ready: bool = False  # training: its data is built (the "model:" line is out)
+    record: LocalRecord | None = None  # training: what the state folder says of it
 
 
 @dataclass
@@ -190,7 +190,14 @@ class LocalExecutor:
 
     # -- starting
 
-    def _env(self, gpu: str | None) -> dict[str, str]:
+    def _spawn(self, run: StudyRun, kind: str, argv: list[str], lock_fd: int | None) -> _Process:
+        suffix = ".eval" if kind == "eval" else ""
+        log_path = state_dir(self.study.out_dir) / f"{run.name}{suffix}.log"
+        log = open(log_path, "a")  # noqa: SIM115 (closed when the process ends)
+        log.write(f"\n[study {time.strftime('%Y-%m-%d %H:%M:%S')}] {' '.join(argv)}\n")
+        log.flush()
+        used = [p.gpu for p in self.procs]
+        gpu = min(self.gpus, key=used.count) if self.gpus else None  # the least used
         env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
         env["PYTHONUNBUFFERED"] = "1"
         if gpu is not None:
@@ -198,19 +205,6 @@ class LocalExecutor:
         if "OMP_NUM_THREADS" not in os.environ:
             # Share the cores: torch would give every process all of them.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.parallel))
-        return env
-
-    def _spawn(self, run: StudyRun, kind: str, argv: list[str], lock_fd: int | None) -> _Process:
-        log_path = (
-            state_dir(self.study.out_dir) / f"{run.name}{'.eval' if kind == 'eval' else ''}.log"
-        )
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "a")  # noqa: SIM115 (closed when the process ends)
-        log.write(f"\n[study {time.strftime('%Y-%m-%d %H:%M:%S')}] {' '.join(argv)}\n")
-        log.flush()
-        used = [p.gpu for p in self.procs]
-        gpu = min(self.gpus, key=used.count) if self.gpus else None  # the least used
-        env = self._env(gpu)
         if lock_fd is not None:
             env[RUN_LOCK_FD_VAR] = str(lock_fd)
         proc = subprocess.Popen(
@@ -239,7 +233,8 @@ class LocalExecutor:
         for override in run.overrides:  # the seed and run folder of a config seeds share
             argv += ["--set", override]
         p = self._spawn(run, "train", argv, fd)
-        write_local_record(self.study.out_dir, run.name, LocalRecord(p.proc.pid, now_utc()))
+        p.record = LocalRecord(p.proc.pid, now_utc())
+        write_local_record(self.study.out_dir, run.name, p.record)
         progress = read_progress(run, self.repo)
         where = (
             f"from step {progress.checkpoint_step}" if progress.checkpoint_step else "from scratch"
@@ -281,10 +276,8 @@ class LocalExecutor:
                         f"{p.run.name}: evaluation failed (exit {code}); see {self._log_name(p)}"
                     )
                 continue
-            record = read_local_record(self.study.out_dir, p.run.name)
-            ended = LocalRecord(
-                p.proc.pid, record.started if record else now_utc(), now_utc(), code
-            )
+            assert p.record is not None  # a training process has one from its start
+            ended = replace(p.record, ended=now_utc(), exit_code=code)
             write_local_record(self.study.out_dir, p.run.name, ended)
             if p.lock_fd is not None:
                 os.close(p.lock_fd)  # the process is gone: the lock goes with our copy

@@ -54,7 +54,7 @@ def now_utc() -> str:
 
 def read_submissions(out_dir: Path) -> dict[str, list[Submission]]:
     """Run name -> its Slurm submissions, oldest first ({} before the first submit)."""
-    path = state_dir(out_dir) / JOBS_FILE
+    path = Path(out_dir) / STATE_DIR / JOBS_FILE
     if not path.is_file():
         return {}
     try:
@@ -73,14 +73,12 @@ def add_submission(out_dir: Path, run: str, submission: Submission) -> None:
     runs = read_submissions(out_dir)
     runs.setdefault(run, []).append(submission)
     data = {"runs": {name: [asdict(s) for s in subs] for name, subs in runs.items()}}
-    state_dir(out_dir).mkdir(parents=True, exist_ok=True)
     atomic_write(state_dir(out_dir) / JOBS_FILE, json.dumps(data, indent=1) + "\n")
 
 
 @contextlib.contextmanager
 def study_lock(out_dir: Path, what: str) -> Iterator[None]:
     """Hold the study's submit lock, or refuse at once naming who holds it."""
-    state_dir(out_dir).mkdir(parents=True, exist_ok=True)
     path = state_dir(out_dir) / SUBMIT_LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -113,12 +111,14 @@ class LocalRecord:
 
 
 def state_dir(out_dir: Path) -> Path:
-    """studies/NAME/state/ of the study whose out_dir is studies/NAME/."""
-    return Path(out_dir) / STATE_DIR
+    """studies/NAME/state/ of the study whose out_dir is studies/NAME/, made if need be."""
+    path = Path(out_dir) / STATE_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def read_local_record(out_dir: Path, run: str) -> LocalRecord | None:
-    path = state_dir(out_dir) / f"{run}.json"
+    path = Path(out_dir) / STATE_DIR / f"{run}.json"
     try:
         return LocalRecord(**json.loads(path.read_text()))
     except (FileNotFoundError, json.JSONDecodeError, TypeError):
@@ -126,14 +126,12 @@ def read_local_record(out_dir: Path, run: str) -> LocalRecord | None:
 
 
 def write_local_record(out_dir: Path, run: str, record: LocalRecord) -> None:
-    state_dir(out_dir).mkdir(parents=True, exist_ok=True)
     atomic_write(state_dir(out_dir) / f"{run}.json", json.dumps(asdict(record)) + "\n")
 
 
 def take_run_lock(out_dir: Path, run: str, wait_s: float = 2.0) -> int | None:
     """The fd of the run's lock, held; None when a process holds it (the run is running).
     Retries for `wait_s`: `status` holds it shared for an instant while it looks."""
-    state_dir(out_dir).mkdir(parents=True, exist_ok=True)
     fd = os.open(state_dir(out_dir) / f"{run}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     end = time.monotonic() + wait_s
     while True:
@@ -149,7 +147,7 @@ def take_run_lock(out_dir: Path, run: str, wait_s: float = 2.0) -> int | None:
 
 def run_lock_held(out_dir: Path, run: str) -> bool:
     """True while a local training process of the run lives (whoever started it)."""
-    path = state_dir(out_dir) / f"{run}.lock"
+    path = Path(out_dir) / STATE_DIR / f"{run}.lock"
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -181,7 +179,6 @@ def _close_quietly(fd: int) -> None:
 
 
 __all__ = [
-    "JOBS_FILE",
     "RUN_LOCK_FD_VAR",
     "LocalRecord",
     "StudyBusyError",

@@ -33,27 +33,22 @@ def select_runs(study: Study, only: Sequence[str] = ()) -> list[StudyRun]:
             raise StudyUsageError(f"--only {text!r}: give AXIS=LABEL, e.g. rope=0.25 or seed=1")
         wanted.setdefault(axis.strip(), set()).update(v.strip() for v in labels.split(","))
 
-    def value(run: StudyRun, axis: str) -> str | None:
-        if axis == "seed":
-            return None if run.seed is None else str(run.seed)
-        if axis == "run":
-            return run.name
-        return run.labels.get(axis)
-
-    axes = sorted({a for r in study.runs for a in r.labels} | {"seed", "run"})
+    # Each run's label on every axis, its seed and name too.
+    values = {r.name: {**r.labels, "seed": str(r.seed), "run": r.name} for r in study.runs}
+    axes = sorted({a for v in values.values() for a in v})
     for axis, labels in wanted.items():
         if axis not in axes:
             raise StudyUsageError(
                 f"--only {axis}=...: no axis {axis!r}; the axes: {', '.join(axes)}"
             )
-        known = {value(r, axis) for r in study.runs}
+        known = {v.get(axis) for v in values.values()}
         unknown = sorted(labels - known)
         if unknown:
             raise StudyUsageError(
                 f"--only {axis}={','.join(unknown)}: no such label; {axis} is one of "
                 f"{', '.join(sorted(str(k) for k in known))}"
             )
-    runs = [r for r in study.runs if all(value(r, a) in ls for a, ls in wanted.items())]
+    runs = [r for r in study.runs if all(values[r.name].get(a) in ls for a, ls in wanted.items())]
     if not runs:
         raise StudyUsageError(f"--only {' '.join(only)}: no run has all of these labels")
     return runs

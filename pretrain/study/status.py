@@ -222,18 +222,18 @@ class StudyStatus:
         return any(r.state in ACTIVE for r in self.rows)
 
 
-def _study_jobs(study: Study, env: Mapping[str, str] | None) -> list[tuple[str, SlurmJob]]:
-    """(run name, job) of the study's jobs in the queue: a run's own job by its job name; a
-    task of the study's job array (named after the study) by its index, task i being run i."""
+def _study_jobs(study: Study, env: Mapping[str, str] | None) -> dict[str, list[SlurmJob]]:
+    """Run name -> its jobs in the queue: a run's own job by its job name; a task of the
+    study's job array (named after the study) by its index, task i being run i."""
     by_name = {r.job_name: r.name for r in study.runs}
     names = set(by_name) | ({study.name} if study.array else set())
-    found = []
+    found: dict[str, list[SlurmJob]] = {}
     for job in queued_jobs(names, env):
+        name = by_name.get(job.name)
         if job.array_task is not None and job.name == study.name and study.array:
-            if job.array_task < len(study.runs):
-                found.append((study.runs[job.array_task].name, job))
-        elif job.name in by_name:
-            found.append((by_name[job.name], job))
+            name = study.runs[job.array_task].name if job.array_task < len(study.runs) else None
+        if name is not None:
+            found.setdefault(name, []).append(job)
     return found
 
 
@@ -251,8 +251,7 @@ def study_status(
     if note is not None and ask_slurm:
         raise SlurmError(f"cannot ask Slurm: {note}")
     if note is None:
-        for name, job in _study_jobs(study, env):
-            queue.setdefault(name, []).append(job)
+        queue = _study_jobs(study, env)
         queued_ids = {j.job_id for jobs in queue.values() for j in jobs}
         recorded = [subs[-1].job for subs in submissions.values() if subs]
         ended = finished_jobs([i for i in recorded if i not in queued_ids], env)
@@ -342,7 +341,6 @@ __all__ = [
     "COMPLETED",
     "DIVERGED",
     "FAILED",
-    "FAILURES",
     "HUNG",
     "NOT_STARTED",
     "QUEUED",
@@ -352,7 +350,6 @@ __all__ = [
     "STOPPED",
     "SUBMITTABLE",
     "RunProgress",
-    "RunStatus",
     "StudyStatus",
     "decide_state",
     "duration",
