@@ -1,11 +1,6 @@
-"""Studies are files: plan, write, list, submit, watch and report a study (studies/NAME.yaml).
-What each command does and prints: docs/studies.md; its flags: `study COMMAND --help`.
-
-    python tools/study.py plan studies/partial_rope.yaml --gpu h100   # fits? GPU-hours
-    python tools/study.py write studies/NAME.yaml [--check]   # its configs and job scripts
-    python tools/study.py submit studies/NAME.yaml [--executor local] [--only AXIS=LABEL]
-    python tools/study.py status studies/NAME.yaml [--watch]   # exit 1: a run failed
-    python tools/study.py report studies/NAME.yaml [--baseline AXIS=LABEL]
+"""Studies are files: plan, write, list, submit, watch and report a study (studies/NAME.yaml),
+e.g. `python tools/study.py submit studies/NAME.yaml --executor local`. What each command does
+and prints: docs/studies.md; its flags: `study COMMAND --help`.
 """
 
 from __future__ import annotations
@@ -55,7 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     flag(p, "--fresh", "trace every run again, not from studies/NAME/plan_cache/")
     p = command("write", "write the study's configs and job scripts; list the files that changed")
     flag(p, "--array", "one Slurm job array instead of a script per run")
-    p.add_argument("--max-running", type=int, metavar="N", help="with --array: N at once (%%N)")
+    p.add_argument(
+        "--max-running", type=int, metavar="N", help="with --array: at most N runs at once"
+    )
     flag(p, "--check", "write nothing; exit 1 listing the files that are not as written")
     p = command("list", "per run: seq len, batch layout, tokens per step and in all, nodes x GPUs")
     flag(p, "--markdown", "print a markdown table")

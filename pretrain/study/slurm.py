@@ -65,22 +65,18 @@ class Slurm(Section):
     def lines(self, job_name: str, array: str | None = None) -> list[str]:
         """The #SBATCH lines; `array`: a job array's index range (`0-53%8`)."""
         self.check()
-        opts = [f"--job-name={job_name}"]
-        if array is not None:
-            opts.append(f"--array={array}")
-        opts += [f"--nodes={self.nodes}", f"--ntasks-per-node={self.tasks_per_node}"]
-        if self.gpus_per_node:
-            opts.append(f"--gpus-per-node={self.gpus_per_node}")
-        if self.cpus_per_task:
-            opts.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.exclusive:
-            opts.append("--exclusive")
-        if self.mem is not None:
-            opts.append(f"--mem={self.mem}")
         output = (
             ARRAY_OUTPUT if array is not None and self.output == DEFAULT_OUTPUT else self.output
         )
-        opts += [
+        opts = [
+            f"--job-name={job_name}",
+            array is not None and f"--array={array}",
+            f"--nodes={self.nodes}",
+            f"--ntasks-per-node={self.tasks_per_node}",
+            bool(self.gpus_per_node) and f"--gpus-per-node={self.gpus_per_node}",
+            bool(self.cpus_per_task) and f"--cpus-per-task={self.cpus_per_task}",
+            self.exclusive and "--exclusive",
+            self.mem is not None and f"--mem={self.mem}",
             f"--time={self.time}",
             "--requeue",  # launch.sh requeues after a pre-emption checkpoint
             f"--signal=B:USR1@{self.signal_margin_s}",  # to the batch shell: launch.sh forwards it
@@ -88,7 +84,7 @@ class Slurm(Section):
             f"--output={output}",
             *self.extra,
         ]
-        return [f"#SBATCH {o}" for o in opts]
+        return [f"#SBATCH {o}" for o in opts if o]
 
 
 def slurm_options(w: Where, spec: Any) -> tuple[dict[str, Any] | None, bool, int | None]:
