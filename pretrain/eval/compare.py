@@ -21,6 +21,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -205,11 +206,12 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return MISSING if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
-def runs_table(runs: list[RunSummary]) -> str:
-    header = ["run", "seed"] + [t for t, _ in COLUMNS]
+def runs_table(runs: list[RunSummary], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
+    """A row per run; `columns`: the metrics shown, (title, key) of COLUMNS."""
+    header = ["run", "seed"] + [t for t, _ in columns]
     rows = [
         [r.name, "" if r.seed is None else str(r.seed)]
-        + [_fmt(r.values.get(k)) for _, k in COLUMNS]
+        + [_fmt(r.values.get(k)) for _, k in columns]
         for r in runs
     ]
     return markdown_table(header, rows)
@@ -222,9 +224,10 @@ def _cell(s: tuple[float, float, int] | None) -> str:
     return _fmt(s[0]) if s[2] == 1 else f"{_fmt(s[0])} ± {_fmt(s[1])}"
 
 
-def groups_table(groups: list[Group]) -> str:
-    header = ["config", "seeds"] + [t for t, _ in COLUMNS]
-    rows = [[g.label, str(len(g.runs))] + [_cell(g.stats(k)) for _, k in COLUMNS] for g in groups]
+def groups_table(groups: list[Group], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
+    """A row per group, mean ± std over its seeds; `columns` as runs_table's."""
+    header = ["config", "seeds"] + [t for t, _ in columns]
+    rows = [[g.label, str(len(g.runs))] + [_cell(g.stats(k)) for _, k in columns] for g in groups]
     return markdown_table(header, rows)
 
 

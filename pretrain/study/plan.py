@@ -1,5 +1,7 @@
-"""A study's plan: per run its parameters, tokens, steps, whether it fits and its peak memory
-per GPU, GPU-hours and wall time on the study's Slurm layout, and the total.
+"""A study's per-run tables: `study list` (each run's sequence length, batch layout and
+tokens, read from the resolved configs: nothing traced) and `study plan` (per run its
+parameters, tokens, steps, whether it fits and its peak memory per GPU, GPU-hours and wall
+time on the study's Slurm layout, and the total).
 
 Each run is traced by the planner as `tools/plan.py` plans one config (pretrain/planner/,
 docs/performance.md); time is the run's executed FLOPs at `mfu` of the GPU's peak, as the
@@ -19,9 +21,10 @@ import json
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+
+from pydantic import BaseModel, ConfigDict
 
 import pretrain
 from pretrain.config import Config, from_dict
@@ -29,7 +32,7 @@ from pretrain.model.recompute import describe_recompute
 from pretrain.run_layout import atomic_write
 from pretrain.study.fields import shown_path
 from pretrain.study.runs import Study, StudyRun
-from pretrain.tables import text_table
+from pretrain.tables import pipe_table, text_table
 
 if TYPE_CHECKING:
     from pretrain.planner.gpus import GPU
@@ -49,9 +52,10 @@ TRACE_ENTRY = "pretrain.planner.search"  # its plan_run traces a run
 PARALLEL_FROM = 3
 
 
-@dataclass(frozen=True)
-class PlanFigures:
+class PlanFigures(BaseModel):
     """What plan_rows reads of a Plan (pretrain/planner/search.py), small enough to cache."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     n_params: int
     tokens_per_step: int
@@ -67,24 +71,12 @@ class PlanFigures:
 
     @classmethod
     def of(cls, plan: Plan) -> PlanFigures:
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "full_mfu_seconds"]
+        names = [n for n in cls.model_fields if n != "full_mfu_seconds"]
         return cls(**{n: getattr(plan, n) for n in names}, full_mfu_seconds=plan.run_time(1.0))
 
     def run_time(self, mfu: float) -> float:
         """Plan.run_time(mfu): seconds of the run's model FLOPs at `mfu`."""
         return self.full_mfu_seconds / mfu
-
-    @classmethod
-    def from_json(cls, data: Any) -> PlanFigures:
-        """The figures a cache entry holds; ValueError where it holds anything else."""
-        types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-        if not isinstance(data, dict) or set(data) != set(types):
-            raise ValueError("not the fields of PlanFigures")
-        for name, value in data.items():
-            kind = {"int": int, "bool": bool, "float": (int, float)}[types[name]]
-            if not isinstance(value, kind) or isinstance(value, bool) != (types[name] == "bool"):
-                raise ValueError(f"{name}: {value!r} is not a {types[name]}")
-        return cls(**data)
 
 
 def _trace_key(run: StudyRun, ranks: int) -> str:
@@ -164,9 +156,10 @@ def _cache_key(trace_key: str, cfg: Config, device: GPU) -> str:
 
 def _read_cached(path: Path) -> PlanFigures | None:
     """A cache entry's figures; None (a miss: traced again, rewritten) when it is missing,
-    unreadable or corrupt."""
+    unreadable or corrupt (strict: "2 GiB" is no int)."""
     try:
-        return PlanFigures.from_json(json.loads(path.read_text(encoding="utf-8"))["figures"])
+        data = json.loads(path.read_text(encoding="utf-8"))["figures"]
+        return PlanFigures.model_validate(data, strict=True)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -176,7 +169,7 @@ def _write_cached(path: Path, figures: PlanFigures, run: StudyRun, device: GPU) 
         "run": run.name,  # the first run traced with this key: for a reader, not a check
         "gpu": device.name,
         "planner": _planner_stamp(),
-        "figures": dataclasses.asdict(figures),
+        "figures": figures.model_dump(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     # No fsync: an entry a crash loses or leaves empty is only a miss.
@@ -356,11 +349,57 @@ def format_plan_table(rows: list[dict[str, Any]]) -> str:
     return head + "\n" + text_table(PLAN_COLUMNS, table)
 
 
+LIST_COLUMNS = (
+    "run",
+    "seq len",
+    "global batch",
+    "micro batch",
+    "accum",
+    "tokens/step",
+    "total tokens",
+    "nodes x GPUs",
+)
+
+
+def _tokens(n: int) -> str:
+    """100.7B, 12.3M, 409,600 (the paper's budget table's form)."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def format_run_table(study: Study, markdown: bool = False) -> str:
+    """`study list`: the runs as an aligned table, or a markdown one: how many tokens each
+    trains and how its batch is laid out (a run without Slurm is one process)."""
+    rows = []
+    for r in study.runs:
+        t = r.config["train"]
+        seq = t["seq_len"] or r.config["model"]["max_seq_len"]
+        nodes, per_node = (r.slurm.nodes, r.slurm.tasks_per_node) if r.slurm else (1, 1)
+        per_step = t["global_batch_size"] * seq
+        rows.append(
+            (
+                r.name,
+                str(seq),
+                f"{t['global_batch_size']:,}",
+                str(t["micro_batch_size"]),
+                str(t["global_batch_size"] // (t["micro_batch_size"] * nodes * per_node)),
+                f"{per_step:,}",
+                _tokens(per_step * t["train_iters"]),
+                f"{nodes} x {per_node}",
+            )
+        )
+    if markdown:
+        return pipe_table(LIST_COLUMNS, rows, align=["left"] + ["right"] * (len(LIST_COLUMNS) - 1))
+    return text_table(LIST_COLUMNS, rows)
+
+
 __all__ = [
     "PLAN_CACHE_DIR",
     "PLAN_CACHE_VERSION",
     "PlanFigures",
     "format_plan_table",
+    "format_run_table",
     "plan_rows",
     "trace_sources",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,6 @@ from pretrain.eval.compare import (
 )
 from pretrain.eval.plots import ema, read_curves, save_png
 from pretrain.eval.position_plots import plot_position_curves
-from pretrain.eval.tables import MISSING, markdown_table
 from pretrain.run_layout import atomic_write
 from pretrain.study.records import StudyUsageError
 from pretrain.study.status import read_progress, run_folder
@@ -108,18 +108,6 @@ def baseline_pairs(
         if base is not None and base is not g:
             pairs.append((g, base))
     return pairs
-
-
-def _drop_empty_columns(table: str) -> str:
-    """A markdown table of compare's without the columns that hold nothing but its MISSING
-    mark: a study evaluates a few of compare's many metrics, often none."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()]
-    rows = [r for r in rows if any(r)]
-    if len(rows) < 3:
-        return table
-    header, body = rows[0], rows[2:]
-    keep = [i for i in range(len(header)) if i < 2 or any(r[i] != MISSING for r in body)]
-    return markdown_table([header[i] for i in keep], [[r[i] for i in keep] for r in body])
 
 
 def _welch(pairs: list[tuple[_GroupRuns, _GroupRuns]], keys: tuple[str, ...] | None):
@@ -238,8 +226,11 @@ def write_study_report(
     groups = _groups(study, finished, repo)
     summaries = [s for g in groups for s in g.group.runs]
     compared = [g.group for g in groups]
-    lines += ["## Runs", "", _drop_empty_columns(runs_table(summaries))]
-    lines += ["## Groups (mean ± std over seeds)", "", _drop_empty_columns(groups_table(compared))]
+    # A study evaluates a few of compare's many metrics, often none: those some run has.
+    has = {k for s in summaries for k, v in s.values.items() if not math.isnan(v)}
+    shown = [(t, k) for t, k in COLUMNS if k in has]
+    lines += ["## Runs", "", runs_table(summaries, shown)]
+    lines += ["## Groups (mean ± std over seeds)", "", groups_table(compared, shown)]
     welch: list[WelchResult] = []
     pairs = baseline_pairs(groups, baseline) if baseline else []
     if baseline:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pretrain.study.fields import Where
+from pretrain.study.file import Headers
 from pretrain.study.slurm import Slurm, time_limit_s
 
 
@@ -31,16 +32,6 @@ class StudyRun:
 
 
 @dataclass(frozen=True)
-class Headers:
-    """Templates of the lines above a written config's YAML and a job script's #SBATCH lines
-    ({name}, {description}, {config}, {script}, {study_file}, {generated})."""
-
-    config: str
-    script: str
-    generated: str  # the line that marks a file as written by this study
-
-
-@dataclass(frozen=True)
 class Study:
     name: str
     path: Path  # the study file
@@ -54,7 +45,7 @@ class Study:
     array: bool = False  # the study is one Slurm job array (`slurm: {array: true}`)
     max_running: int | None = None  # the array's %N: at most N runs at once
     array_script: str | None = None  # repo-relative script of the array
-    headers: Headers | None = None
+    headers: Headers | None = None  # with `generated` given
     seeds: tuple[int, ...] = ()
 
 
@@ -97,4 +88,4 @@ def array_header(study: Study) -> Slurm:
     return max(runs, key=lambda s: time_limit_s(s.time)) if runs else study.slurm
 
 
-__all__ = ["Headers", "Study", "StudyRun", "array_header", "as_array", "relative_path"]
+__all__ = ["Study", "StudyRun", "array_header", "as_array", "relative_path"]

@@ -8,6 +8,7 @@ import copy
 import itertools
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +28,38 @@ from pretrain.config import (
 )
 from pretrain.schema import did_you_mean
 from pretrain.study.fields import (
-    CONFIG_HEADER,
-    GRID_FIELDS,
     LABEL,
-    SCRIPT_HEADER,
-    STUDY_GENERATED,
-    Entry,
-    Grid,
     StudyError,
     Where,
     checked_key,
     label_of,
-    parse_axis,
-    parse_exclude,
-    parse_grid_entries,
-    parse_rules,
-    refuse_unknown_fields,
     render_template,
     shown_path,
 )
-from pretrain.study.file import Seeds, StudyFile, read_study_file
-from pretrain.study.runs import Headers, Study, StudyRun, as_array, relative_path
+from pretrain.study.file import (
+    GENERATED,
+    Entry,
+    GridSpec,
+    Seeds,
+    StudyFile,
+    parse_axis,
+    parse_entries,
+    parse_exclude,
+    parse_rules,
+    read_study_file,
+)
+from pretrain.study.runs import Study, StudyRun, as_array, relative_path
 from pretrain.study.slurm import Slurm, parse_slurm, planned_slurm, slurm_options
+
+
+@dataclass(frozen=True)
+class Grid:
+    run_name: str
+    run_description: str
+    entries: tuple[Entry, ...]  # the grid is their product
+    slurm: dict[str, Any]  # changes to the study's layout
+    exclude: tuple[dict[str, tuple[str, ...]], ...]
+    where: str
 
 
 def load_study(path: str | Path) -> Study:
@@ -149,47 +160,35 @@ class _Loader:
         return {r["name"]: r for r in json.loads((self.repo / spec).read_text())["runs"]}
 
     def _grids(self) -> tuple[Grid, ...]:
+        if self.file.grids is None:
+            return (self._grid("grid", GridSpec()),)
+        if {"product", "zip"} & self.file.model_fields_set:
+            raise self.w.error("product", "given beside grids:", "put it inside one of the grids")
+        return tuple(self._grid(f"grids[{i}]", g) for i, g in enumerate(self.file.grids))
+
+    def _grid(self, where: str, own: GridSpec) -> Grid:
         # Grid fields given at the top are every grid's (exclude: and slurm: are the study's).
         shared = ("run_name", "run_description", "product", "zip")
-        top = {k: getattr(self.file, k) for k in shared if k in self.file.model_fields_set}
-        grids = self.file.grids
-        if grids is None:
-            return (self._grid("grid", {}, top),)
-        if not grids:
-            raise self.w.error(
-                "grids", "[] is not a list of grids", "give a list, or product: at the top"
-            )
-        if "product" in top or "zip" in top:
-            raise self.w.error("product", "given beside grids:", "put it inside one of the grids")
-        return tuple(self._grid(f"grids[{i}]", g, top) for i, g in enumerate(grids))
-
-    def _grid(self, where: str, own: dict[str, Any], top: dict[str, Any]) -> Grid:
-        refuse_unknown_fields(self.w, where, own, GRID_FIELDS)
-        g = {**top, **own}
-        if "product" in g and "zip" in g:
+        g = {k: getattr(x, k) for x in (self.file, own) for k in shared if k in x.model_fields_set}
+        if g.get("product") is not None and g.get("zip") is not None:
             raise self.w.error(where, "both product and zip", "write product: [..., {zip: [...]}]")
-        if "zip" in g:
-            entries = parse_grid_entries(self.w, where, [{"zip": g["zip"]}], self.axes)
-        elif "product" in g:
-            entries = parse_grid_entries(self.w, f"{where} product", g["product"], self.axes)
+        if g.get("zip") is not None:
+            entries = parse_entries(self.w, where, [{"zip": g["zip"]}], self.axes)
+        elif g.get("product") is not None:
+            entries = parse_entries(self.w, f"{where} product", g["product"], self.axes)
         else:
             entries = [((a, tuple(labels)),) for a, labels in self.axes.items()]
         default_name = "_".join(f"{a}{{{a}}}" for e in entries for a, _ in e) or self.name
-        slurm = g.get("slurm") or {}
-        if slurm and self.slurm_spec is None:
+        if own.slurm and self.slurm_spec is None:
             raise self.w.error(
                 f"{where} slurm", "the study has no slurm: layout", "add slurm: at the top"
             )
-        if not isinstance(slurm, dict):
-            raise self.w.error(
-                f"{where} slurm", f"{slurm!r} is not a mapping", "e.g. {signal_margin_s: 900}"
-            )
         return Grid(
-            run_name=str(g.get("run_name", default_name)),
-            run_description=str(g.get("run_description", self.file.description or "{name}")),
+            run_name=g.get("run_name") or default_name,
+            run_description=g.get("run_description") or self.file.description or "{name}",
             entries=tuple(entries),
-            slurm=slurm,
-            exclude=parse_exclude(self.w, f"{where} exclude", g.get("exclude"), self.axes),
+            slurm=own.slurm or {},
+            exclude=parse_exclude(self.w, f"{where} exclude", own.exclude, self.axes),
             where=where,
         )
 
@@ -236,10 +235,8 @@ class _Loader:
             array_script=None
             if slurm is None
             else self._render("array_script", {"study": self.name}),
-            headers=Headers(
-                config=headers.config or CONFIG_HEADER,
-                script=headers.script or SCRIPT_HEADER,
-                generated=headers.generated or STUDY_GENERATED.format(study_file=study_file),
+            headers=headers.model_copy(
+                update={"generated": headers.generated or GENERATED.format(study_file=study_file)}
             ),
             seeds=self.seeds,
         )
@@ -434,10 +431,6 @@ class _Loader:
         spec = self.file.baseline
         if spec is None:
             return None
-        if not spec:
-            raise self.w.error(
-                "baseline", "{} is not a mapping of labels", "e.g. baseline: {theta: 10000}"
-            )
         out = {}
         for a, lab in spec.items():
             axis = self.axes.get(a)
