@@ -206,7 +206,8 @@ def _write(study: Study, args: argparse.Namespace) -> int:
 
 
 def _submit(study: Study, args: argparse.Namespace) -> int:
-    runs, eval_args = select_runs(study, args.only), eval_arguments(args.eval_args)
+    repo, runs = Path(study.repo), select_runs(study, args.only)
+    eval_args = eval_arguments(args.eval_args)
     if args.executor == "local":
         if args.slurm_max_running is not None or args.dry_run:
             raise StudyUsageError(
@@ -215,14 +216,7 @@ def _submit(study: Study, args: argparse.Namespace) -> int:
             )
         gpus = local_gpus(args.gpus)
         executor = LocalExecutor(
-            study,
-            Path(study.repo),
-            gpus,
-            args.parallel,
-            args.eval,
-            eval_args,
-            _echo,
-            args.progress_every,
+            study, repo, args.eval, eval_args, _echo, gpus, args.parallel, args.progress_every
         )
         return executor.run(runs)
     if args.parallel != 1 or args.gpus is not None:
@@ -230,14 +224,7 @@ def _submit(study: Study, args: argparse.Namespace) -> int:
             "--parallel and --gpus are for --executor local; on Slurm, --max-running N"
         )
     submit_to_slurm(
-        study,
-        Path(study.repo),
-        runs,
-        args.slurm_max_running,
-        args.eval,
-        eval_args,
-        args.dry_run,
-        echo=_echo,
+        study, repo, runs, args.slurm_max_running, args.eval, eval_args, args.dry_run, echo=_echo
     )
     return 0
 
@@ -267,14 +254,10 @@ def _report(study: Study, args: argparse.Namespace) -> int:
 
     if args.per_octave < 0:
         raise StudyUsageError(f"--per-octave {args.per_octave}: give 0 or more")
-    repo = Path(study.repo)
+    repo, out = Path(study.repo), Path(args.out) if args.out else None
+    baseline, per_octave = parse_baseline(args.baseline), args.per_octave or None
     report = write_study_report(
-        study,
-        repo,
-        Path(args.out) if args.out else None,
-        parse_baseline(args.baseline),
-        plots=not args.no_plots,
-        per_octave=args.per_octave or None,
+        study, repo, out, baseline, plots=not args.no_plots, per_octave=per_octave
     )
     print(report.markdown)
     for path in report.files:

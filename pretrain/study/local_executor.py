@@ -31,11 +31,11 @@ from pretrain.study.records import (
     write_local_record,
 )
 from pretrain.study.runs import relative_path
-from pretrain.study.selection import Echo, choose_runs
+from pretrain.study.selection import Executor
 from pretrain.study.status import duration, read_progress, study_status
 
 if TYPE_CHECKING:
-    from pretrain.study.runs import Study, StudyRun
+    from pretrain.study.runs import StudyRun
 
 # The programs by module, not by path: a study may live outside this checkout (its repo is
 # the folder above its studies/), and the run's paths are relative to that folder.
@@ -84,7 +84,7 @@ class _Process:
 
 
 @dataclass
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Trains a study's runs on this machine, `parallel` at once, in the foreground."""
 
     # Two runs that build the same megatron index cache (same data, seed and length) at
@@ -93,13 +93,8 @@ class LocalExecutor:
     READY_MARK: ClassVar[str] = "\nmodel: "
     READY_TIMEOUT_S: ClassVar[float] = 900.0
 
-    study: Study
-    repo: Path
     gpus: list[str]  # [] = CPU
     parallel: int = 1
-    evaluate: bool = False
-    eval_args: Sequence[str] = ()
-    echo: Echo = print
     progress_every: float = 30.0
     procs: list[_Process] = field(default_factory=list)
     stopping: int | None = None  # the signal that asked us to stop
@@ -115,10 +110,7 @@ class LocalExecutor:
             raise StudyUsageError(f"--parallel {self.parallel}: give at least 1")
         study, repo = self.study, self.repo
         with study_lock(study.out_dir, "the local executor"):
-            status = study_status(study, repo)
-            train, evals, _ = choose_runs(
-                study, repo, runs, status, evaluate=self.evaluate, slurm=False, echo=self.echo
-            )
+            train, evals, _ = self.choose_runs(runs, study_status(study, repo))
             if not train and not evals:
                 return 0
             where = f"GPUs {','.join(self.gpus)}" if self.gpus else f"CPU, {os.cpu_count()} cores"

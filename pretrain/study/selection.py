@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from pretrain.run_layout import EVAL_DIR, step_tag
 from pretrain.study.records import StudyUsageError
@@ -62,43 +63,50 @@ class Chosen(NamedTuple):
     skipped: list[tuple[str, str]]  # (run name, its state) of the others
 
 
-def choose_runs(
-    study: Study,
-    repo: Path,
-    runs: Sequence[StudyRun],
-    status: StudyStatus,
-    *,
-    evaluate: bool,
-    slurm: bool,
-    echo: Echo,
-    evals_queued: Callable[[list[StudyRun]], Collection[str]] = lambda runs: (),
-) -> Chosen:
-    """The runs of `runs` to train and to evaluate, their files checked; says why each other
-    run is skipped, and when there is nothing to do. `evals_queued`: the names of those of
-    the runs to evaluate whose evaluation waits in the queue already."""
-    rows = {r.run.name: r for r in status.rows}
-    train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
-    evals = []
-    if evaluate:
-        evals = [r for r in runs if rows[r.name].state == COMPLETED and not _evaluated(r, repo)]
-        queued = evals_queued(evals) if evals else ()
-        evals = [r for r in evals if r.name not in queued]
-    _check_files(study, repo, train, slurm)
-    skipped = [(r.name, rows[r.name].state) for r in runs if r not in train and r not in evals]
-    for name, state in skipped:
-        if state == DIVERGED:
-            echo(
-                f"{name}: diverged ({rows[name].detail}), skipped: change its config, or "
-                "remove its run folder to start over"
+@dataclass
+class Executor:
+    """What both executors share: the study and its repository, whether to evaluate each run
+    (with tools/evaluate.py's `eval_args`), where messages go, and choosing the runs."""
+
+    slurm: ClassVar[bool] = False  # Slurm runs job scripts; the local executor, configs only
+
+    study: Study
+    repo: Path
+    evaluate: bool
+    eval_args: Sequence[str]
+    echo: Echo
+
+    def choose_runs(self, runs: Sequence[StudyRun], status: StudyStatus) -> Chosen:
+        """The runs of `runs` to train and to evaluate, their files checked; says why each
+        other run is skipped, and when there is nothing to do."""
+        rows = {r.run.name: r for r in status.rows}
+        train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
+        evals = []
+        if self.evaluate:
+            done = [r for r in runs if rows[r.name].state == COMPLETED]
+            evals = [r for r in done if not _evaluated(r, self.repo)]
+            queued = self.evals_queued(evals) if evals else ()
+            evals = [r for r in evals if r.name not in queued]
+        _check_files(self.study, self.repo, train, self.slurm)
+        skipped = [(r.name, rows[r.name].state) for r in runs if r not in train and r not in evals]
+        for name, state in skipped:
+            if state == DIVERGED:
+                self.echo(
+                    f"{name}: diverged ({rows[name].detail}), skipped: change its config, or "
+                    "remove its run folder to start over"
+                )
+            else:
+                self.echo(f"{name}: {state}, skipped")
+        if not train and not evals:
+            self.echo(
+                f"nothing to {'submit' if self.slurm else 'run'}: every run is done, queued or "
+                "running (python tools/study.py status)"
             )
-        else:
-            echo(f"{name}: {state}, skipped")
-    if not train and not evals:
-        echo(
-            f"nothing to {'submit' if slurm else 'run'}: every run is done, queued or running "
-            "(python tools/study.py status)"
-        )
-    return Chosen(train, evals, skipped)
+        return Chosen(train, evals, skipped)
+
+    def evals_queued(self, runs: list[StudyRun]) -> Collection[str]:
+        """The names of those of `runs` whose evaluation waits in the queue already."""
+        return ()
 
 
 def _evaluated(run: StudyRun, repo: Path) -> bool:
@@ -143,4 +151,4 @@ def eval_arguments(text: str | None) -> list[str]:
     return shlex.split(text if text is not None else os.environ.get(EVAL_ARGS_ENV, ""))
 
 
-__all__ = ["EVAL_ARGS_ENV", "Chosen", "Echo", "choose_runs", "eval_arguments", "select_runs"]
+__all__ = ["EVAL_ARGS_ENV", "Chosen", "Echo", "Executor", "eval_arguments", "select_runs"]

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pretrain.slurm_jobs import queued_jobs, sbatch, slurm_unreachable
 from pretrain.study.records import StudyUsageError, Submission, add_submission, now_utc, study_lock
-from pretrain.study.selection import Echo, choose_runs
+from pretrain.study.selection import Echo, Executor
 from pretrain.study.status import ACTIVE, run_folder, study_status
 
 if TYPE_CHECKING:
@@ -41,19 +41,10 @@ def submit_to_slurm(
         raise StudyUsageError(
             f"cannot reach Slurm ({why}); on a machine without Slurm use --executor local"
         )
-    submit = SlurmSubmit(study, Path(repo), env, echo, dry_run, evaluate, eval_args)
+    submit = SlurmSubmit(study, Path(repo), evaluate, eval_args, echo, env, dry_run)
     with study_lock(study.out_dir, "submit"):
         status = study_status(study, submit.repo, ask_slurm=True, env=env)
-        train, evals, submit.skipped = choose_runs(
-            study,
-            submit.repo,
-            runs,
-            status,
-            evaluate=evaluate,
-            slurm=True,
-            echo=echo,
-            evals_queued=submit.evals_queued,
-        )
+        train, evals, submit.skipped = submit.choose_runs(runs, status)
         if not train and not evals:
             return submit
         max_running = max_running or study.max_running
@@ -78,17 +69,14 @@ def submit_to_slurm(
 
 
 @dataclass
-class SlurmSubmit:
+class SlurmSubmit(Executor):
     """One `submit`: its sbatch calls, from the repository root (the scripts use relative
     paths), and what it did: (run name, training job, evaluation job) per submission."""
 
-    study: Study
-    repo: Path
+    slurm: ClassVar[bool] = True
+
     env: Mapping[str, str] | None
-    echo: Echo
     dry_run: bool
-    evaluate: bool
-    eval_args: Sequence[str]
     jobs: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 

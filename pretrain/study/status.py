@@ -17,13 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from pretrain.run_layout import HANG_DIR, ROLLBACKS_FILE, RunLayout, read_metrics, tag_step
-from pretrain.slurm_jobs import (
-    SlurmError,
-    SlurmJob,
-    finished_jobs,
-    queued_jobs,
-    slurm_unreachable,
-)
+from pretrain.slurm_jobs import SlurmError, SlurmJob, finished_jobs, queued_jobs, slurm_unreachable
 from pretrain.study.records import LocalRecord, read_local_record, read_submissions, run_lock_held
 from pretrain.tables import Align, text_table
 
@@ -55,7 +49,6 @@ STATES = (
 ACTIVE = frozenset({QUEUED, RUNNING, REQUEUED})
 FAILURES = frozenset({FAILED, HUNG, DIVERGED})
 SUBMITTABLE = frozenset({NOT_STARTED, STOPPED, CANCELLED, FAILED, HUNG})
-_HUNG_DETAIL = "the hang watchdog stopped it (stacks in RUN/hang/)"
 
 
 @dataclass(frozen=True)
@@ -189,22 +182,19 @@ def decide_state(
         return (QUEUED if slurm.state == "PENDING" else RUNNING), ""
     if progress.done:
         return COMPLETED, ""
+    if slurm is not None and slurm.state == "CANCELLED":
+        return CANCELLED, ""
+    code = local.exit_code if local is not None and slurm is None else None
+    if progress.hung or code == EXIT_HUNG:
+        return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
     if slurm is not None:
-        if slurm.state == "CANCELLED":
-            return CANCELLED, ""
-        if progress.hung:
-            return HUNG, _HUNG_DETAIL
         if slurm.state == "COMPLETED":  # the script ended 0 without the last checkpoint
             return FAILED, "the job completed without the run's last checkpoint"
         return FAILED, ""
-    if local is not None and local.exit_code is not None:
-        if local.exit_code == EXIT_HUNG or progress.hung:
-            return HUNG, _HUNG_DETAIL
-        if local.exit_code == EXIT_PREEMPTED or local.exit_code < 0:  # a signal: stopped
+    if code is not None:
+        if code == EXIT_PREEMPTED or code < 0:  # a signal: stopped
             return STOPPED, ""
-        return FAILED, f"exit code {local.exit_code}"
-    if progress.hung:
-        return HUNG, _HUNG_DETAIL
+        return FAILED, f"exit code {code}"
     return (STOPPED if progress.started else NOT_STARTED), ""
 
 
@@ -238,10 +228,7 @@ def _study_jobs(study: Study, env: Mapping[str, str] | None) -> dict[str, list[S
 
 
 def study_status(
-    study: Study,
-    repo: Path,
-    ask_slurm: bool | None = None,
-    env: Mapping[str, str] | None = None,
+    study: Study, repo: Path, ask_slurm: bool | None = None, env: Mapping[str, str] | None = None
 ) -> StudyStatus:
     """Every run's row. `ask_slurm`: None asks Slurm where this machine can reach it."""
     submissions = read_submissions(study.out_dir)
