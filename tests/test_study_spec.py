@@ -383,8 +383,8 @@ REFUSALS = [
     (
         "baseline-label",
         _set("baseline", {"theta": 7}),
-        "baseline theta: theta=7 is not a value of the study",
-        "name an axis and one of its labels",
+        "baseline axis theta: no value labelled '7'",
+        "use one of 500, 10000",
     ),
 ]
 

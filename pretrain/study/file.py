@@ -23,8 +23,9 @@ from pretrain.study.fields import LABEL, StudyError, Where, checked_key, label_o
 
 Label = str | int | float | bool  # a label as YAML reads it: 500, 0.0003, true, lo
 Labels = Label | list[Label]  # one label or several
-# A grid's entry: one axis, or several moved together (a zip), each with its labels.
-Entry = tuple[tuple[str, tuple[str, ...]], ...]
+# A grid's entry, one of the factors of its product: its rows, each a label of its axis or of
+# each of the axes a zip moves together.
+Entry = list[tuple[tuple[str, str], ...]]
 
 
 class AxisSpec(Section):
@@ -136,7 +137,7 @@ class StudyFile(GridSpec):
     """The Slurm layout (nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time, signal_margin_s, exclusive, mem, output, extra), plus array: true and max_running: N; without it, configs only."""
     gpu: Literal["h100", "h200"] = "h200"
     """The cluster's GPU: plan's default and the plan file's fit."""
-    baseline: dict[str, Label] | None = Field(None, min_length=1)
+    baseline: dict[str, Label] | None = None
     """The labels of the reports' baseline group, e.g. {theta: 10000}."""
     plan_file: str | None = None
     """A saved plan (pretrain-plan --paper --write): planned --time per run, refusal of a run that does not fit."""
@@ -272,14 +273,24 @@ def _axis_labels(
         raise w.error(where, f"unknown axis {name!r}{did_you_mean(name, axes)}", fix)
     labels = None if labels is None else labels if isinstance(labels, list) else [labels]
     chosen = tuple(axis) if labels is None else tuple(label_of(x) or str(x) for x in labels)
-    for lab in chosen:
-        if lab not in axis:
-            raise w.error(
-                f"{where} axis {name}",
-                f"no value labelled {lab!r}{did_you_mean(lab, axis)}",
-                f"use one of {', '.join(axis)}",
-            )
+    bad = next((lab for lab in chosen if lab not in axis), None if chosen else "[]")
+    if bad is not None:  # [] too: an entry or exclusion of no value is a mistake
+        raise w.error(
+            f"{where} axis {name}",
+            f"no value labelled {bad!r}{did_you_mean(bad, axis)}",
+            f"use one of {', '.join(axis)}",
+        )
     return name, chosen
+
+
+def labels_by_axis(
+    w: Where, where: str, spec: dict[str, Any], axes: dict[str, Axis]
+) -> dict[str, tuple[str, ...]]:
+    """`{AXIS: label or [labels], ...}` (an exclusion, the baseline) -> the labels by axis."""
+    if not spec:
+        raise w.error(where, "{} names no axis", "e.g. {corpus: text8, theta: 500}")
+    fix = "name an axis of axes:"
+    return dict(_axis_labels(w, where, a, lab, axes, fix) for a, lab in spec.items())
 
 
 def parse_entries(
@@ -289,19 +300,18 @@ def parse_entries(
     entries: list[Entry] = []
     for item in spec:
         if isinstance(item, dict) and set(item) == {"zip"} and not zipped:
-            zip_where = f"{where} zip"
+            here = f"{where} zip"
             if not isinstance(item["zip"], list) or not item["zip"]:
-                raise w.error(zip_where, f"{item['zip']!r} is not a list of axes", "e.g. [lr, seq]")
-            cols = tuple(c for e in parse_entries(w, zip_where, item["zip"], axes, True) for c in e)
-            lengths = {a: len(labels) for a, labels in cols}
-            if len(set(lengths.values())) != 1:
+                raise w.error(here, f"{item['zip']!r} is not a list of axes", "e.g. [lr, seq]")
+            inner = parse_entries(w, here, item["zip"], axes, True)
+            if len({len(e) for e in inner}) != 1:
                 raise w.error(
-                    zip_where,
+                    here,
                     "the zipped axes have different numbers of values "
-                    + ", ".join(f"{a}: {n}" for a, n in lengths.items()),
+                    + ", ".join(f"{e[0][0][0]}: {len(e)}" for e in inner),
                     "give every zipped axis the same number of values",
                 )
-            entries.append(cols)
+            entries.append([sum(rows, ()) for rows in zip(*inner, strict=True)])
             continue
         if isinstance(item, str):
             name, labels = item, None
@@ -317,28 +327,12 @@ def parse_entries(
         axis, chosen = _axis_labels(w, where, name, labels, axes, "define it under axes:")
         if len(set(chosen)) != len(chosen):
             raise w.error(f"{where} axis {name}", "a label appears twice", "list each once")
-        entries.append(((axis, chosen),))
-    names = [a for e in entries for a, _ in e]
+        entries.append([((axis, lab),) for lab in chosen])
+    names = [a for e in entries for a, _ in e[0]]
     for a in names:
         if names.count(a) > 1:
             raise w.error(where, f"axis {a} appears twice", "use each axis once per grid")
     return entries
-
-
-def parse_exclude(
-    w: Where, where: str, spec: list[dict[str, Labels]] | None, axes: dict[str, Axis]
-) -> tuple[dict[str, tuple[str, ...]], ...]:
-    out = []
-    for i, item in enumerate(spec or ()):
-        if not item:
-            raise w.error(
-                f"{where}[{i}]", "{} excludes nothing", "e.g. {corpus: text8, theta: 500}"
-            )
-        fix = "name an axis of axes:"
-        out.append(
-            dict(_axis_labels(w, f"{where}[{i}]", a, lab, axes, fix) for a, lab in item.items())
-        )
-    return tuple(out)
 
 
 def parse_rules(w: Where, spec: dict[str, Any] | None) -> dict[str, Any]:
@@ -374,8 +368,8 @@ __all__ = [
     "Seeds",
     "StudyFile",
     "parse_axis",
+    "labels_by_axis",
     "parse_entries",
-    "parse_exclude",
     "parse_rules",
     "read_study_file",
 ]

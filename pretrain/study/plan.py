@@ -17,10 +17,12 @@ import concurrent.futures
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -216,6 +218,7 @@ def plan_rows(
     DEFAULT_MFU unless given."""
     from pretrain.planner.gpus import DEFAULT_MFU, GiB, parse_gpu
 
+    say = functools.partial(print, file=log or io.StringIO(), flush=True)
     mfu = DEFAULT_MFU if mfu is None else mfu
     device = parse_gpu(gpu or study.gpu)
     cache_dir = study.out_dir / PLAN_CACHE_DIR
@@ -237,8 +240,7 @@ def plan_rows(
     for key, figures, seconds in _trace_all(todo, device):
         run = todo[key][0]
         plans[key] = figures
-        if log is not None:
-            print(f"planned {run.name} in {seconds:.0f} s", file=log, flush=True)
+        say(f"planned {run.name} in {seconds:.0f} s")
         if cache:
             try:
                 _write_cached(cache_dir / f"{key}.json", figures, run, device)
@@ -272,15 +274,13 @@ def plan_rows(
                 "slurm_time": slurm.time if slurm is not None else None,
             }
         )
-    if log is not None and cached_runs:
-        print(
+    if cached_runs:
+        say(
             f"{cached_runs} of {len(rows)} runs from the plan cache ({shown_path(cache_dir)}; "
-            "--fresh traces them again)",
-            file=log,
-            flush=True,
+            "--fresh traces them again)"
         )
-    if log is not None and unwritable is not None:
-        print(f"the plan cache is not kept: {unwritable}", file=log, flush=True)
+    if unwritable is not None:
+        say(f"the plan cache is not kept: {unwritable}")
     return rows
 
 
@@ -299,66 +299,37 @@ def _hours(h: float) -> str:
     return f"{h:.1f} h" if h >= 1 else f"{h * 60:.1f} min"
 
 
-PLAN_COLUMNS = (
-    "run",
-    "params",
-    "tokens",
-    "steps",
-    "nodes x GPUs",
-    "micro x accum",
-    "peak/GPU",
-    "fits?",
-    "GPU-hours",
-    "wall time",
-)
+# The plan's columns: title -> a row's cell.
+_PLAN_CELLS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "run": lambda r: r["name"],
+    "params": lambda r: _count(r["params"]),
+    "tokens": lambda r: _count(r["tokens"]),
+    "steps": lambda r: f"{r['steps']:,}",
+    "nodes x GPUs": lambda r: r["layout"],
+    "micro x accum": lambda r: f"{r['micro_batch']} x {r['grad_accum']}",
+    "peak/GPU": lambda r: f"{r['peak_gib']:.1f} GiB",
+    "fits?": lambda r: "yes" if r["fits"] else "NO",
+    "GPU-hours": lambda r: _gpu_hours(r["gpu_hours"]),
+    "wall time": lambda r: _hours(r["wall_hours"]),
+}
 
 
 def format_plan_table(rows: list[dict[str, Any]]) -> str:
     """The plan as a text table with a total line (the runs one after another)."""
-    table = [
-        (
-            r["name"],
-            _count(r["params"]),
-            _count(r["tokens"]),
-            f"{r['steps']:,}",
-            r["layout"],
-            f"{r['micro_batch']} x {r['grad_accum']}",
-            f"{r['peak_gib']:.1f} GiB",
-            "yes" if r["fits"] else "NO",
-            _gpu_hours(r["gpu_hours"]),
-            _hours(r["wall_hours"]),
-        )
-        for r in rows
-    ]
     misfits = sum(not r["fits"] for r in rows)
-    table.append(
-        (
-            f"total: {len(rows)} runs",
-            "",
-            _count(sum(r["tokens"] for r in rows)),
-            f"{sum(r['steps'] for r in rows):,}",
-            "",
-            "",
-            f"max {max(r['peak_gib'] for r in rows):.1f} GiB" if rows else "",
-            f"{misfits} do not" if misfits else "all",
-            _gpu_hours(sum(r["gpu_hours"] for r in rows)),
-            _hours(sum(r["wall_hours"] for r in rows)),
-        )
-    )
+    total = {
+        "run": f"total: {len(rows)} runs",
+        "tokens": _count(sum(r["tokens"] for r in rows)),
+        "steps": f"{sum(r['steps'] for r in rows):,}",
+        "peak/GPU": f"max {max(r['peak_gib'] for r in rows):.1f} GiB" if rows else "",
+        "fits?": f"{misfits} do not" if misfits else "all",
+        "GPU-hours": _gpu_hours(sum(r["gpu_hours"] for r in rows)),
+        "wall time": _hours(sum(r["wall_hours"] for r in rows)),
+    }
+    table = [[cell(r) for cell in _PLAN_CELLS.values()] for r in rows]
+    table.append([total.get(title, "") for title in _PLAN_CELLS])
     head = f"on {rows[0]['gpu']} ({rows[0]['gpu_gib']:.1f} GiB per GPU)" if rows else ""
-    return head + "\n" + text_table(PLAN_COLUMNS, table)
-
-
-LIST_COLUMNS = (
-    "run",
-    "seq len",
-    "global batch",
-    "micro batch",
-    "accum",
-    "tokens/step",
-    "total tokens",
-    "nodes x GPUs",
-)
+    return head + "\n" + text_table(list(_PLAN_CELLS), table)
 
 
 def _tokens(n: int) -> str:
@@ -376,22 +347,23 @@ def format_run_table(study: Study, markdown: bool = False) -> str:
         t = r.config["train"]
         seq = t["seq_len"] or r.config["model"]["max_seq_len"]
         nodes, per_node = (r.slurm.nodes, r.slurm.tasks_per_node) if r.slurm else (1, 1)
-        per_step = t["global_batch_size"] * seq
+        batch, micro = t["global_batch_size"], t["micro_batch_size"]
         rows.append(
-            (
-                r.name,
-                str(seq),
-                f"{t['global_batch_size']:,}",
-                str(t["micro_batch_size"]),
-                str(t["global_batch_size"] // (t["micro_batch_size"] * nodes * per_node)),
-                f"{per_step:,}",
-                _tokens(per_step * t["train_iters"]),
-                f"{nodes} x {per_node}",
-            )
+            {
+                "run": r.name,
+                "seq len": str(seq),
+                "global batch": f"{batch:,}",
+                "micro batch": str(micro),
+                "accum": str(batch // (micro * nodes * per_node)),
+                "tokens/step": f"{batch * seq:,}",
+                "total tokens": _tokens(batch * seq * t["train_iters"]),
+                "nodes x GPUs": f"{nodes} x {per_node}",
+            }
         )
+    header, cells = list(rows[0]), [list(r.values()) for r in rows]
     if markdown:
-        return pipe_table(LIST_COLUMNS, rows, align=["left"] + ["right"] * (len(LIST_COLUMNS) - 1))
-    return text_table(LIST_COLUMNS, rows)
+        return pipe_table(header, cells, align=["left"] + ["right"] * (len(header) - 1))
+    return text_table(header, cells)
 
 
 __all__ = [

@@ -26,13 +26,11 @@ from pretrain.config import (
     to_dict,
     yaml_error_message,
 )
-from pretrain.schema import did_you_mean
 from pretrain.study.fields import (
     LABEL,
     StudyError,
     Where,
     checked_key,
-    label_of,
     render_template,
     shown_path,
 )
@@ -42,9 +40,9 @@ from pretrain.study.file import (
     GridSpec,
     Seeds,
     StudyFile,
+    labels_by_axis,
     parse_axis,
     parse_entries,
-    parse_exclude,
     parse_rules,
     read_study_file,
 )
@@ -58,8 +56,11 @@ class Grid:
     run_description: str
     entries: tuple[Entry, ...]  # the grid is their product
     slurm: dict[str, Any]  # changes to the study's layout
-    exclude: tuple[dict[str, tuple[str, ...]], ...]
+    exclude: tuple[Labels, ...]
     where: str
+
+
+Labels = dict[str, tuple[str, ...]]  # axis -> labels: an exclusion, the baseline
 
 
 def load_study(path: str | Path) -> Study:
@@ -106,7 +107,7 @@ class _Loader:
         self.layout = self._layout()
         self.slurm_spec, self.array, self.max_running = slurm_options(w, file.slurm)
         self.plan = self._plan_file()
-        self.exclude = parse_exclude(w, "exclude", file.exclude, self.axes)
+        self.exclude = self._exclude("exclude", file.exclude)
         self.grids = self._grids()
         self.names: dict[str, str] = {}  # run name -> its group, as runs are made
 
@@ -177,8 +178,8 @@ class _Loader:
         elif g.get("product") is not None:
             entries = parse_entries(self.w, f"{where} product", g["product"], self.axes)
         else:
-            entries = [((a, tuple(labels)),) for a, labels in self.axes.items()]
-        default_name = "_".join(f"{a}{{{a}}}" for e in entries for a, _ in e) or self.name
+            entries = [[((a, lab),) for lab in axis] for a, axis in self.axes.items()]
+        default_name = "_".join(f"{a}{{{a}}}" for e in entries for a, _ in e[0]) or self.name
         if own.slurm and self.slurm_spec is None:
             raise self.w.error(
                 f"{where} slurm", "the study has no slurm: layout", "add slurm: at the top"
@@ -188,7 +189,7 @@ class _Loader:
             run_description=g.get("run_description") or self.file.description or "{name}",
             entries=tuple(entries),
             slurm=own.slurm or {},
-            exclude=parse_exclude(self.w, f"{where} exclude", own.exclude, self.axes),
+            exclude=self._exclude(f"{where} exclude", own.exclude),
             where=where,
         )
 
@@ -203,7 +204,7 @@ class _Loader:
                 (f"{grid.where} exclude[{i}]", ex) for i, ex in enumerate(grid.exclude)
             ]
             unused.update(excludes[len(top) :])
-            for combo in itertools.product(*map(_entry_rows, grid.entries)):
+            for combo in itertools.product(*grid.entries):
                 picked = dict(pair for row in combo for pair in row)
                 hit = [label for label, ex in excludes if _matches(ex, picked)]
                 for label in hit:
@@ -427,25 +428,18 @@ class _Loader:
                     "put {name} or {stem} in layout config",
                 )
 
+    def _exclude(self, where: str, spec: list[dict[str, Any]] | None) -> tuple[Labels, ...]:
+        return tuple(
+            labels_by_axis(self.w, f"{where}[{i}]", x, self.axes) for i, x in enumerate(spec or ())
+        )
+
     def _baseline(self, runs: list[StudyRun]) -> dict[str, str] | None:
-        spec = self.file.baseline
-        if spec is None:
+        if self.file.baseline is None:
             return None
-        out = {}
-        for a, lab in spec.items():
-            axis = self.axes.get(a)
-            lab = label_of(lab) or str(lab)
-            if axis is None or lab not in axis:
-                raise self.w.error(
-                    f"baseline {a}",
-                    f"{a}={lab} is not a value of the study"
-                    + did_you_mean(lab if axis else a, axis or self.axes),
-                    "name an axis and one of its labels",
-                )
-            out[a] = lab
-        if not any(all(r.labels.get(a) == lab for a, lab in out.items()) for r in runs):
-            raise self.w.error("baseline", f"no run has {out}", "choose labels some run has")
-        return out
+        labels = labels_by_axis(self.w, "baseline", self.file.baseline, self.axes)
+        if not any(_matches(labels, r.labels) for r in runs):
+            raise self.w.error("baseline", f"no run has {labels}", "choose labels some run has")
+        return {a: lab for a, (lab,) in labels.items()}
 
 
 def written_config(compact: dict[str, Any], config_path: str) -> dict[str, Any]:
@@ -467,10 +461,5 @@ def written_config(compact: dict[str, Any], config_path: str) -> dict[str, Any]:
     return out
 
 
-def _entry_rows(entry: Entry) -> list[tuple[tuple[str, str], ...]]:
-    """An entry's rows: one value of each of its (zipped) axes, in step."""
-    return [tuple((axis, labels[i]) for axis, labels in entry) for i in range(len(entry[0][1]))]
-
-
-def _matches(rule: dict[str, tuple[str, ...]], picked: dict[str, str]) -> bool:
+def _matches(rule: Labels, picked: dict[str, str]) -> bool:
     return all(picked.get(a) in labels for a, labels in rule.items())
