@@ -171,33 +171,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(study: Study, args: argparse.Namespace) -> int:
-    """`write`, or with --check (exit 1 unless every file is as `write` would write it) `write
-    --check`."""
+    """`write`, or with --check nothing written and exit 1 unless every file is as `write`
+    would write it; both list the files that are not (after a write: those no run writes)."""
     layout = {"array": args.array, "max_running": args.max_running}
     changed = [] if args.check else write_study(study, study.repo, **layout)
     for rel in changed:
         print(f"wrote {rel}")
     files = study_files(study, **layout)
     stale = stale_files([study], study.repo, **layout)
-    counts = f"{study.name}: {len(study.runs)} runs, {len(files)} files"
-    if not args.check:
-        print(f"{counts}; {len(changed)} changed" if changed else f"{counts}; nothing changed")
-        if stale:  # after a write, these are the files no run writes any more
-            print(
-                f"no run of the study writes these any more (delete them): {' '.join(stale)}",
-                file=sys.stderr,
-            )
-        return 0
-    if not stale:
-        print(f"{counts}; every file is current")
-        return 0
-    print(f"{study.name}: {len(stale)} files are not what the study writes:", file=sys.stderr)
+    if not args.check or not stale:
+        done = "every file is current" if args.check else f"{len(changed) or 'nothing'} changed"
+        print(f"{study.name}: {len(study.runs)} runs, {len(files)} files; {done}")
+    if stale:
+        print(f"{study.name}: {len(stale)} files are not what the study writes:", file=sys.stderr)
     for rel in stale:
         if rel not in files:
             why = "no run writes it any more (delete it)"
         else:
             why = "differs" if (study.repo / rel).is_file() else "missing"
         print(f"  {rel}: {why}", file=sys.stderr)
+    if not (args.check and stale):
+        return 0
     again = f"python tools/study.py write {args.study}"
     if args.array:
         again += " --array" + (f" --max-running {args.max_running}" if args.max_running else "")

@@ -56,9 +56,8 @@ def local_gpus(text: str | None) -> list[str]:
     """GPU ids for the local executor: `text` ('0,1', 'none'), else CUDA_VISIBLE_DEVICES,
     else what nvidia-smi lists; [] = CPU."""
     if text is not None:
-        return (
-            [] if text.strip().lower() in ("", "none", "cpu") else text.replace(" ", "").split(",")
-        )
+        cpu = text.strip().lower() in ("", "none", "cpu")
+        return [] if cpu else text.replace(" ", "").split(",")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
@@ -227,10 +226,8 @@ class LocalExecutor(Executor):
         p = self._spawn(run, "train", argv, fd)
         p.record = LocalRecord(p.proc.pid, now_utc())
         write_local_record(self.study.out_dir, run.name, p.record)
-        progress = read_progress(run, self.repo)
-        where = (
-            f"from step {progress.checkpoint_step}" if progress.checkpoint_step else "from scratch"
-        )
+        step = read_progress(run, self.repo).checkpoint_step
+        where = f"from step {step}" if step else "from scratch"
         gpu = f" on GPU {p.gpu}" if p.gpu is not None else ""
         self.echo(f"{run.name}: started {where}{gpu} (pid {p.proc.pid}, log {self._log_name(p)})")
 
@@ -252,48 +249,39 @@ class LocalExecutor(Executor):
     # -- ending
 
     def _reap(self) -> None:
-        for p in list(self.procs):
-            code = p.proc.poll()
-            if code is None:
-                continue
+        for p in [p for p in self.procs if p.proc.poll() is not None]:
             self.procs.remove(p)
             p.log.close()
-            took = duration(time.monotonic() - p.started)
+            name, code = p.run.name, p.proc.returncode
+            took, see = duration(time.monotonic() - p.started), f"see {self._log_name(p)}"
             if p.kind == "eval":
                 if code == 0:
-                    self.echo(f"{p.run.name}: evaluated in {took}")
+                    self.echo(f"{name}: evaluated in {took}")
                 else:
-                    self.failed.append(p.run.name + " (evaluation)")
-                    self.echo(
-                        f"{p.run.name}: evaluation failed (exit {code}); see {self._log_name(p)}"
-                    )
+                    self.failed.append(f"{name} (evaluation)")
+                    self.echo(f"{name}: evaluation failed (exit {code}); {see}")
                 continue
             assert p.record is not None  # a training process has one from its start
             ended = replace(p.record, ended=now_utc(), exit_code=code)
-            write_local_record(self.study.out_dir, p.run.name, ended)
+            write_local_record(self.study.out_dir, name, ended)
             if p.lock_fd is not None:
                 os.close(p.lock_fd)  # the process is gone: the lock goes with our copy
             progress = read_progress(p.run, self.repo)
+            at = f"step {progress.step}/{progress.total}"
             if code == 0 and progress.done:
-                valid = (
-                    "" if progress.valid_loss is None else f", valid loss {progress.valid_loss:.4f}"
-                )
-                self.finished.append(p.run.name)
-                self.echo(f"{p.run.name}: completed in {took} ({progress.step} steps{valid})")
+                loss = progress.valid_loss
+                valid = "" if loss is None else f", valid loss {loss:.4f}"
+                self.finished.append(name)
+                self.echo(f"{name}: completed in {took} ({progress.step} steps{valid})")
                 if self.evaluate and self.stopping is None:
                     self._start_eval(p.run)
             elif self.stopping is not None and code in (EXIT_PREEMPTED, -signal.SIGTERM):
-                self.stopped.append(p.run.name)
-                self.echo(
-                    f"{p.run.name}: stopped at step {progress.step}/{progress.total} (checkpoint saved)"
-                )
+                self.stopped.append(name)
+                self.echo(f"{name}: stopped at {at} (checkpoint saved)")
             else:
-                self.failed.append(p.run.name)
+                self.failed.append(name)
                 tail = _last_line(Path(p.log.name))
-                self.echo(
-                    f"{p.run.name}: failed (exit {code}) at step {progress.step}/{progress.total}: "
-                    f"{tail}; see {self._log_name(p)}"
-                )
+                self.echo(f"{name}: failed (exit {code}) at {at}: {tail}; {see}")
 
     def _progress(self, waiting: int) -> None:
         parts = []
@@ -319,11 +307,10 @@ class LocalExecutor(Executor):
 
 def _last_line(log: Path) -> str:
     try:
-        lines = [
-            line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()
-        ]
+        text = log.read_text(errors="replace")
     except OSError:
         return "no log"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:200] if lines else "no output"
 
 

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar
 
 from pretrain.run_layout import EVAL_DIR, step_tag
 from pretrain.study.records import StudyUsageError
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
 
 Echo = Callable[[str], None]
+Chosen = tuple[list["StudyRun"], list["StudyRun"], list[tuple[str, str]]]
 EVAL_ARGS_ENV = "PRETRAIN_EVAL_ARGS"  # as slurm/submit.sh reads it
 
 
@@ -55,14 +56,6 @@ def select_runs(study: Study, only: Sequence[str] = ()) -> list[StudyRun]:
     return runs
 
 
-class Chosen(NamedTuple):
-    """What one `submit` does with the runs it was given."""
-
-    train: list[StudyRun]  # SUBMITTABLE: not started, stopped, cancelled, failed or hung
-    evals: list[StudyRun]  # completed without an evaluation of their last checkpoint
-    skipped: list[tuple[str, str]]  # (run name, its state) of the others
-
-
 @dataclass
 class Executor:
     """What both executors share: the study and its repository, whether to evaluate each run
@@ -77,8 +70,9 @@ class Executor:
     echo: Echo
 
     def choose_runs(self, runs: Sequence[StudyRun], status: StudyStatus) -> Chosen:
-        """The runs of `runs` to train and to evaluate, their files checked; says why each
-        other run is skipped, and when there is nothing to do."""
+        """(the runs to train: SUBMITTABLE, those to evaluate: completed without an evaluation
+        of their last checkpoint, (name, state) of the others), their files checked; says why
+        each other run is skipped, and when there is nothing to do."""
         rows = {r.run.name: r for r in status.rows}
         train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
         evals = []
@@ -102,7 +96,7 @@ class Executor:
                 f"nothing to {'submit' if self.slurm else 'run'}: every run is done, queued or "
                 "running (python tools/study.py status)"
             )
-        return Chosen(train, evals, skipped)
+        return train, evals, skipped
 
     def evals_queued(self, runs: list[StudyRun]) -> Collection[str]:
         """The names of those of `runs` whose evaluation waits in the queue already."""
@@ -151,4 +145,4 @@ def eval_arguments(text: str | None) -> list[str]:
     return shlex.split(text if text is not None else os.environ.get(EVAL_ARGS_ENV, ""))
 
 
-__all__ = ["EVAL_ARGS_ENV", "Chosen", "Echo", "Executor", "eval_arguments", "select_runs"]
+__all__ = ["EVAL_ARGS_ENV", "Echo", "Executor", "eval_arguments", "select_runs"]

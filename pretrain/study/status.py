@@ -1,9 +1,5 @@
-"""Where each run of a study stands, from its run folder, Slurm and the local executor.
-
-docs/studies.md describes each state. `status` exits 1 when a run is in one of FAILURES.
-`submit` submits again what is SUBMITTABLE, each run resuming from its newest checkpoint:
-never an ACTIVE or completed run, nor a diverged one (it would diverge again: change its
-config first).
+"""Where each run of a study stands, from its run folder, Slurm and the local executor;
+docs/studies.md describes each state, and which of them `status` and `submit` act on.
 """
 
 from __future__ import annotations
@@ -47,7 +43,8 @@ STATES = (
     DIVERGED,
 )
 ACTIVE = frozenset({QUEUED, RUNNING, REQUEUED})
-FAILURES = frozenset({FAILED, HUNG, DIVERGED})
+FAILURES = frozenset({FAILED, HUNG, DIVERGED})  # `status` exits 1
+# What `submit` submits (again); a diverged run would diverge again: change its config first.
 SUBMITTABLE = frozenset({NOT_STARTED, STOPPED, CANCELLED, FAILED, HUNG})
 
 
