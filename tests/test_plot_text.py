@@ -12,7 +12,6 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pytest
@@ -392,18 +391,16 @@ def test_scaling_plot(renders, tmp_path):
 
 
 def test_study_loss_plot(renders, tmp_path):
-    from pretrain.study.report import plot_group_losses
-    from pretrain.study.runs import StudyRun
+    from pretrain.eval.plots import plot_group_losses
 
     groups = []
     for i, g in enumerate(("rope=100", "rope=25", GROUP)):
         runs = []
         for s in (1, 2):
-            name = f"{g}_s{s}"
-            write_metrics(tmp_path / "runs" / name, loss_rows(s, i))
-            runs.append(StudyRun(name, {}, s, g, {}, "", None, f"runs/{name}", name))
-        groups.append(SimpleNamespace(label=g, runs=runs))  # what it reads of a study group
-    plot_group_losses(groups, tmp_path, tmp_path / "loss_curves.png")
+            runs.append(tmp_path / "runs" / f"{g}_s{s}")
+            write_metrics(runs[-1], loss_rows(s, i))
+        groups.append((g, runs))
+    plot_group_losses(groups, tmp_path / "loss_curves.png")
     assert_readable(renders, 1)
 
 

@@ -1,4 +1,5 @@
-"""Loss curves of several runs in one PNG: loss spikes, skipped steps and rollbacks marked.
+"""Loss curves of several runs in one PNG: loss spikes, skipped steps and rollbacks marked;
+or of groups of runs (seeds), their mean and range.
 
 Reads the run's metrics file only (train/loss, valid/loss, spikes/loss, spikes/skipped,
 spikes/rollback_from), so it works on runs copied from a cluster without TensorBoard.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,4 +154,53 @@ def plot_loss_curves(
     ax.set_title(title + "".join(", " + m for m in marks), fontsize=10)
     # Right of the axes: inside, it would cover the rollbacks' notes and the first steps.
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_png(fig, out)
+
+
+def plot_group_losses(groups: Sequence[tuple[str, Sequence[Path]]], out: str | Path) -> Path:
+    """Training loss (EMA) and validation loss per group of runs (label, run folders), e.g.
+    the seeds of one config: the mean over them as a line, the lowest to the highest shaded;
+    at the steps every run logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (group, runs) in enumerate(groups):
+        color = colors[i % len(colors)]
+        curves = [read_curves(run) for run in runs]
+        for ax, kind in ((ax_t, "train"), (ax_v, "valid")):
+            series = [dict(getattr(c, kind)) for c in curves]
+            if kind == "train":
+                series = [dict(zip(s, ema(list(s.values()), 0.1), strict=True)) for s in series]
+            steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+            if not steps:
+                continue
+            values = [[s[k] for s in series] for k in steps]
+            mean = [sum(v) / len(v) for v in values]
+            label = f"{group} ({len(series)} seed{'s' if len(series) > 1 else ''})"
+            marker = "o" if kind == "valid" else None
+            ax.plot(steps, mean, color=color, label=label, marker=marker, markersize=4)
+            if len(series) > 1:
+                lo, hi = [min(v) for v in values], [max(v) for v in values]
+                ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
+    ax_t.set_title("training loss (EMA), mean over seeds, range shaded", fontsize=10)
+    ax_v.set_title("validation loss, mean over seeds, range shaded", fontsize=10)
+    for ax in (ax_t, ax_v):
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats per token)")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    # The first tenth of the steps (a loss near ln(vocab)) would flatten every difference
+    # that matters: the axis runs from below the lowest final loss to the highest loss a
+    # tenth of the way in.
+    curves = [ln.get_ydata() for ln in ax_t.lines]
+    if curves:
+        low = min(y[-1] for y in curves)
+        top = max(y[len(y) // 10] for y in curves)
+        ax_t.set_ylim(low - 0.1 * (top - low), top)
+    fig.tight_layout()
     return save_png(fig, out)

@@ -3,7 +3,7 @@ their configs and job scripts (write.py). docs/studies.md describes the file."""
 
 from __future__ import annotations
 
-from pretrain.study.fields import StudyError
+from pretrain.study.file import StudyError
 from pretrain.study.runs import Study, StudyRun
 from pretrain.study.spec import load_study
 

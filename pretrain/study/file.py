@@ -1,15 +1,21 @@
 """The study file's schema (docs/studies.md, "The study file"): pydantic checks its shape and
 publishes it as schemas/study.schema.json; what each part means on its own (an axis's labelled
-values, a grid's entries, an exclusion's labels, a rule's keys) is parsed here, what the parts
-mean together as the runs are expanded (spec.py), each run's config by the run loader itself."""
+values, a grid's entries, an exclusion's labels, a rule's keys, a template) is parsed here, what
+the parts mean together as the runs are expanded (spec.py), each run's config by the run loader
+itself. Anything wrong is a `StudyError` in one line naming the file, the field and the fix."""
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from pretrain.config import ConfigError, check_key
+from pretrain.errors import UserError
 from pretrain.schema import (
     Int,
     Section,
@@ -19,7 +25,69 @@ from pretrain.schema import (
     validate_section,
     yaml_keys,
 )
-from pretrain.study.fields import LABEL, StudyError, Where, checked_key, label_of
+
+
+class StudyError(UserError, ValueError):
+    """A study file that cannot be expanded into runs."""
+
+    label = "study error"
+
+
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_]\w*(?:\.text)?)\}")
+
+
+class Where:
+    """Says which study file, and which field of it, an error is about."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def error(self, where: str, problem: str, fix: str) -> StudyError:
+        return StudyError(f"{shown_path(self.path)}: {where}: {problem}; {fix}")
+
+
+def shown_path(path: Path) -> str:
+    """A path as the user would name it: from the current folder when inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+def checked_key(w: Where, where: str, key: Any, fix: str) -> str:
+    """`key` if it names a config key (pretrain/config.py check_key), else one line."""
+    try:
+        check_key(str(key))
+    except ConfigError as e:
+        raise w.error(where, str(e), fix) from None
+    return str(key)
+
+
+def label_of(value: Any) -> str | None:
+    """A value's label (true, 500, 0.0003, text); None for a list or mapping, which needs one
+    given."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value) if isinstance(value, (int, str)) else None
+
+
+def render_template(w: Where, where: str, template: str, values: dict[str, str]) -> str:
+    def field_value(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in values:
+            raise w.error(
+                where,
+                f"{{{name}}} is not known here{did_you_mean(name, values)}",
+                f"use {', '.join('{' + k + '}' for k in values)}",
+            )
+        return values[name]
+
+    return _TEMPLATE_FIELD.sub(field_value, template)
+
 
 Label = str | int | float | bool  # a label as YAML reads it: 500, 0.0003, true, lo
 Labels = Label | list[Label]  # one label or several
@@ -358,6 +426,7 @@ def parse_rules(w: Where, spec: dict[str, Any] | None) -> dict[str, Any]:
 
 __all__ = [
     "GENERATED",
+    "LABEL",
     "Axis",
     "AxisSpec",
     "AxisValue",
@@ -366,10 +435,16 @@ __all__ = [
     "Headers",
     "Layout",
     "Seeds",
+    "StudyError",
     "StudyFile",
+    "Where",
     "parse_axis",
     "labels_by_axis",
     "parse_entries",
+    "checked_key",
+    "label_of",
     "parse_rules",
     "read_study_file",
+    "render_template",
+    "shown_path",
 ]

@@ -32,7 +32,7 @@ import pretrain
 from pretrain.config import Config, from_dict
 from pretrain.model.recompute import describe_recompute
 from pretrain.run_layout import atomic_write
-from pretrain.study.fields import shown_path
+from pretrain.study.file import shown_path
 from pretrain.study.runs import Study, StudyRun
 from pretrain.tables import pipe_table, text_table
 

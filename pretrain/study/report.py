@@ -33,7 +33,7 @@ from pretrain.eval.compare import (
     welch_table,
     welch_tests,
 )
-from pretrain.eval.plots import ema, read_curves, save_png
+from pretrain.eval.plots import plot_group_losses
 from pretrain.eval.position_plots import plot_position_curves
 from pretrain.run_layout import atomic_write
 from pretrain.study.records import StudyUsageError
@@ -60,27 +60,20 @@ class StudyReport:
 
 
 @dataclass
-class _GroupRuns:
-    """A study group: its labels, its finished runs and their summaries (`group`)."""
+class _StudyGroup(Group):
+    """A group of compare's (its finished runs' summaries) with the study's labels."""
 
-    labels: Mapping[str, str]
-    runs: list[StudyRun]
-    group: Group
-
-    @property
-    def label(self) -> str:
-        return self.group.label
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
-def _groups(study: Study, finished: Sequence[StudyRun], repo: Path) -> list[_GroupRuns]:
-    out: dict[str, _GroupRuns] = {}
+def _groups(study: Study, finished: Sequence[StudyRun], repo: Path) -> list[_StudyGroup]:
+    out: dict[str, _StudyGroup] = {}
     for run in study.runs:  # in the study's order
-        out.setdefault(run.group, _GroupRuns(dict(run.labels), [], Group(run.group, [])))
+        out.setdefault(run.group, _StudyGroup(run.group, [], dict(run.labels)))
     for run in finished:
         summary = summarize_run(run_folder(run, repo))
         summary.name = run.name  # the study's name for it, not its folder's
-        out[run.group].runs.append(run)
-        out[run.group].group.runs.append(summary)
+        out[run.group].runs.append(summary)
     return [g for g in out.values() if g.runs]
 
 
@@ -98,8 +91,8 @@ def parse_baseline(text: str | None) -> dict[str, str] | None:
 
 
 def baseline_pairs(
-    groups: Sequence[_GroupRuns], baseline: Mapping[str, str]
-) -> list[tuple[_GroupRuns, _GroupRuns]]:
+    groups: Sequence[_StudyGroup], baseline: Mapping[str, str]
+) -> list[tuple[_StudyGroup, _StudyGroup]]:
     """(group, its baseline group): the group with the same labels but `baseline`'s."""
     by_labels = {tuple(sorted(g.labels.items())): g for g in groups}
     pairs = []
@@ -110,11 +103,11 @@ def baseline_pairs(
     return pairs
 
 
-def _welch(pairs: list[tuple[_GroupRuns, _GroupRuns]], keys: tuple[str, ...] | None):
+def _welch(pairs: list[tuple[_StudyGroup, _StudyGroup]], keys: tuple[str, ...] | None):
     """Each group against its baseline group: on `keys`, or (None) the loss at each length."""
     results: list[WelchResult] = []
     for g, base in pairs:
-        both = [g.group, base.group]
+        both = [g, base]
         if keys is None:
             results += length_welch_tests(both, base.label)
         else:
@@ -131,54 +124,6 @@ def _welch_csv(results: Sequence[WelchResult], pairs) -> str:
         row = [r.group, base_of.get(r.group, ""), r.key, r.mean, r.baseline_mean, r.rel_diff]
         w.writerow(row + [r.t, r.df, r.p])
     return buf.getvalue()
-
-
-def plot_group_losses(groups: Sequence[_GroupRuns], repo: Path, out: Path) -> Path:
-    """Training loss (EMA) and validation loss per group: the mean over its seeds as a line,
-    the lowest to the highest seed shaded; at the steps every seed logged."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, g in enumerate(groups):
-        color = colors[i % len(colors)]
-        curves = [read_curves(run_folder(r, repo)) for r in g.runs]
-        for ax, kind in ((ax_t, "train"), (ax_v, "valid")):
-            series = [dict(getattr(c, kind)) for c in curves]
-            if kind == "train":
-                series = [dict(zip(s, ema(list(s.values()), 0.1), strict=True)) for s in series]
-            steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
-            if not steps:
-                continue
-            values = [[s[k] for s in series] for k in steps]
-            mean = [sum(v) / len(v) for v in values]
-            label = f"{g.label} ({len(series)} seed{'s' if len(series) > 1 else ''})"
-            marker = "o" if kind == "valid" else None
-            ax.plot(steps, mean, color=color, label=label, marker=marker, markersize=4)
-            if len(series) > 1:
-                lo, hi = [min(v) for v in values], [max(v) for v in values]
-                ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
-    ax_t.set_title("training loss (EMA), mean over seeds, range shaded", fontsize=10)
-    ax_v.set_title("validation loss, mean over seeds, range shaded", fontsize=10)
-    for ax in (ax_t, ax_v):
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats per token)")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    # The first tenth of the steps (a loss near ln(vocab)) would flatten every difference
-    # that matters: the axis runs from below the lowest final loss to the highest loss a
-    # tenth of the way in.
-    curves = [ln.get_ydata() for ln in ax_t.lines]
-    if curves:
-        low = min(y[-1] for y in curves)
-        top = max(y[len(y) // 10] for y in curves)
-        ax_t.set_ylim(low - 0.1 * (top - low), top)
-    fig.tight_layout()
-    return save_png(fig, out)
 
 
 def write_study_report(
@@ -224,13 +169,12 @@ def write_study_report(
         return report
 
     groups = _groups(study, finished, repo)
-    summaries = [s for g in groups for s in g.group.runs]
-    compared = [g.group for g in groups]
+    summaries = [s for g in groups for s in g.runs]
     # A study evaluates a few of compare's many metrics, often none: those some run has.
     has = {k for s in summaries for k, v in s.values.items() if not math.isnan(v)}
     shown = [(t, k) for t, k in COLUMNS if k in has]
     lines += ["## Runs", "", runs_table(summaries, shown)]
-    lines += ["## Groups (mean ± std over seeds)", "", groups_table(compared, shown)]
+    lines += ["## Groups (mean ± std over seeds)", "", groups_table(groups, shown)]
     welch: list[WelchResult] = []
     pairs = baseline_pairs(groups, baseline) if baseline else []
     if baseline:
@@ -249,7 +193,7 @@ def write_study_report(
         lines += [
             "## Loss at each length (nats per token, mean ± std over seeds)",
             "",
-            lengths_table(compared),
+            lengths_table(groups),
         ]
         if pairs:
             at_lengths = _welch(pairs, None)
@@ -259,14 +203,15 @@ def write_study_report(
                 "",
                 welch_table(at_lengths, "baseline") if at_lengths else _NO_PAIR,
             ]
-    report.files.append(atomic_write(out / "report.csv", to_csv(summaries, compared), fsync=False))
+    report.files.append(atomic_write(out / "report.csv", to_csv(summaries, groups), fsync=False))
     if welch:
         report.files.append(atomic_write(out / "welch.csv", _welch_csv(welch, pairs), fsync=False))
     if plots:
         lines += ["## Plots", "", "![loss curves](loss_curves.png)", ""]
-        report.files.append(plot_group_losses(groups, repo, out / "loss_curves.png"))
+        seeds = [(g.label, [r.path for r in g.runs]) for g in groups]
+        report.files.append(plot_group_losses(seeds, out / "loss_curves.png"))
         if positions:
-            curves = position_curves(compared, per_octave)
+            curves = position_curves(groups, per_octave)
             report.files.append(plot_position_curves(curves, out / "positions.png"))
             lines += ["![loss by position](positions.png)", ""]
     report.markdown = "\n".join(lines).rstrip() + "\n"
@@ -279,6 +224,5 @@ __all__ = [
     "StudyReport",
     "baseline_pairs",
     "parse_baseline",
-    "plot_group_losses",
     "write_study_report",
 ]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pretrain.study.fields import Where
-from pretrain.study.file import Headers
+from pretrain.study.file import Headers, Where
 from pretrain.study.slurm import Slurm, time_limit_s
 
 

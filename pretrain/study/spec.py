@@ -26,25 +26,23 @@ from pretrain.config import (
     to_dict,
     yaml_error_message,
 )
-from pretrain.study.fields import (
-    LABEL,
-    StudyError,
-    Where,
-    checked_key,
-    render_template,
-    shown_path,
-)
 from pretrain.study.file import (
     GENERATED,
+    LABEL,
     Entry,
     GridSpec,
     Seeds,
+    StudyError,
     StudyFile,
+    Where,
+    checked_key,
     labels_by_axis,
     parse_axis,
     parse_entries,
     parse_rules,
     read_study_file,
+    render_template,
+    shown_path,
 )
 from pretrain.study.runs import Study, StudyRun, as_array, relative_path
 from pretrain.study.slurm import Slurm, parse_slurm, planned_slurm, slurm_options

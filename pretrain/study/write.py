@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from pretrain.run_layout import atomic_write
-from pretrain.study.fields import Where, render_template
+from pretrain.study.file import Where, render_template
 from pretrain.study.runs import Study, StudyRun, array_header, as_array, relative_path
 
 LAUNCH = "slurm/launch.sh"
