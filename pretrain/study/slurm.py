@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field
 
 from pretrain.schema import Bool, ConfigError, Int, Section, from_dict
 from pretrain.slurm_limits import time_limit_hours, time_limit_s
-from pretrain.study.fields import Where
+from pretrain.study.file import Where
 
 # The header's log path when nothing else is asked for; a job array's tasks get their own log
 # each (%A: the array's job id, %a: the task), which this default cannot tell apart by name.
