@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import shlex
 import signal
 import sys
 import time
@@ -20,13 +22,14 @@ from pretrain.study import plan as study_plan
 from pretrain.study.local_executor import LocalExecutor, local_gpus
 from pretrain.study.records import StudyUsageError
 from pretrain.study.runs import Study, relative_path
-from pretrain.study.selection import EVAL_ARGS_ENV, eval_arguments, select_runs
+from pretrain.study.selection import select_runs
 from pretrain.study.slurm_submit import submit_to_slurm
 from pretrain.study.spec import load_study
 from pretrain.study.status import STATES, format_status_table, study_status
 from pretrain.study.write import stale_files, study_files, write_study
 
 _echo = functools.partial(print, flush=True)
+EVAL_ARGS_ENV = "PRETRAIN_EVAL_ARGS"  # --eval-args' default, as slurm/submit.sh reads it
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,11 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the foreground",
     )
     p.add_argument(
-        "--max-running",
-        type=int,
-        metavar="N",
-        dest="slurm_max_running",  # `write --max-running` is another option (the array's %N)
-        help="slurm: at most N of the study's jobs at once (default: its slurm.max_running)",
+        "--max-running", type=int, metavar="N", help="slurm: at most N of the study's jobs at once"
     )
     p.add_argument(
         "--only",
@@ -90,6 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--eval-args",
         metavar="ARGS",
+        default=os.environ.get(EVAL_ARGS_ENV, ""),
         help=f"tools/evaluate.py options, one string (default: ${EVAL_ARGS_ENV})",
     )
     p.add_argument(
@@ -137,7 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "run-dir":  # run-dir gets main.py's arguments: it reads --set
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if getattr(args, "max_running", None) is not None and not args.array:
+    if args.command == "write" and args.max_running is not None and not args.array:
         parser.error("--max-running needs --array")
     if getattr(args, "mfu", None) is not None and not 0 < args.mfu <= 1:
         parser.error(f"--mfu {args.mfu} must be in (0, 1], e.g. 0.4")
@@ -161,13 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = study_plan.plan_rows(study, args.gpu, args.mfu, log=sys.stderr, fresh=args.fresh)
         print(json.dumps(rows, indent=1) if args.json else study_plan.format_plan_table(rows))
         return 0 if all(r["fits"] for r in rows) else 1
-    if args.command == "write":
-        return _write(study, args)
-    if args.command == "submit":
-        return _submit(study, args)
-    if args.command == "status":
-        return _status(study, args.watch, False if args.no_slurm else None)
-    return _report(study, args)
+    commands = {"write": _write, "submit": _submit, "status": _status, "report": _report}
+    return commands[args.command](study, args)
 
 
 def _write(study: Study, args: argparse.Namespace) -> int:
@@ -201,9 +196,9 @@ def _write(study: Study, args: argparse.Namespace) -> int:
 
 def _submit(study: Study, args: argparse.Namespace) -> int:
     repo, runs = Path(study.repo), select_runs(study, args.only)
-    eval_args = eval_arguments(args.eval_args)
+    eval_args = shlex.split(args.eval_args)
     if args.executor == "local":
-        if args.slurm_max_running is not None or args.dry_run:
+        if args.max_running is not None or args.dry_run:
             raise StudyUsageError(
                 "--max-running and --dry-run are for Slurm; the local executor runs "
                 "--parallel N at once"
@@ -218,12 +213,13 @@ def _submit(study: Study, args: argparse.Namespace) -> int:
             "--parallel and --gpus are for --executor local; on Slurm, --max-running N"
         )
     submit_to_slurm(
-        study, repo, runs, args.slurm_max_running, args.eval, eval_args, args.dry_run, echo=_echo
+        study, repo, runs, args.max_running, args.eval, eval_args, args.dry_run, echo=_echo
     )
     return 0
 
 
-def _status(study: Study, watch: float | None, ask_slurm: bool | None) -> int:
+def _status(study: Study, args: argparse.Namespace) -> int:
+    watch, ask_slurm = args.watch, False if args.no_slurm else None
     if watch is not None and watch <= 0:
         raise StudyUsageError(f"--watch {watch}: give a positive number of seconds")
     while True:

@@ -124,10 +124,8 @@ class LocalExecutor(Executor):
     # -- the loop
 
     def _loop(self, train: list[StudyRun], evals: list[StudyRun]) -> int:
-        previous = {
-            s: signal.signal(s, self._on_signal)
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        }
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, self._on_signal) for s in signals}
         last_progress = time.monotonic()
         try:
             while True:
@@ -168,13 +166,12 @@ class LocalExecutor(Executor):
         return 1 if self.failed else 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        first = self.stopping is None
-        self.stopping = signum
-        if first:
+        if self.stopping is None:
             self.echo(
                 f"got {signal.Signals(signum).name}: asking {len(self.procs)} process(es) to "
                 f"save a checkpoint and stop"
             )
+        self.stopping = signum
         for p in self.procs:
             if p.proc.poll() is None:
                 p.proc.send_signal(signal.SIGTERM)

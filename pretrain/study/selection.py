@@ -5,8 +5,6 @@ skipped and why. What is SUBMITTABLE and how a run is never submitted twice: doc
 
 from __future__ import annotations
 
-import os
-import shlex
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,6 @@ if TYPE_CHECKING:
 
 Echo = Callable[[str], None]
 Chosen = tuple[list["StudyRun"], list["StudyRun"], list[tuple[str, str]]]
-EVAL_ARGS_ENV = "PRETRAIN_EVAL_ARGS"  # as slurm/submit.sh reads it
 
 
 def select_runs(study: Study, only: Sequence[str] = ()) -> list[StudyRun]:
@@ -140,9 +137,4 @@ def _check_files(study: Study, repo: Path, runs: Sequence[StudyRun], slurm: bool
             )
 
 
-def eval_arguments(text: str | None) -> list[str]:
-    """tools/evaluate.py options: `text`, else $PRETRAIN_EVAL_ARGS (as slurm/submit.sh)."""
-    return shlex.split(text if text is not None else os.environ.get(EVAL_ARGS_ENV, ""))
-
-
-__all__ = ["EVAL_ARGS_ENV", "Echo", "Executor", "eval_arguments", "select_runs"]
+__all__ = ["Echo", "Executor", "select_runs"]

@@ -117,9 +117,8 @@ def read_progress(run: StudyRun, repo: Path) -> RunProgress:
     except (FileNotFoundError, json.JSONDecodeError):  # none yet, or being written
         rollbacks = 0
     spikes = config.get("spikes") or {}
-    gave_up = bool(spikes.get("rollback_after")) and rollbacks >= int(
-        spikes.get("max_rollbacks", 5)
-    )
+    most = int(spikes.get("max_rollbacks", 5))
+    gave_up = bool(spikes.get("rollback_after")) and rollbacks >= most
 
     def value(key: str) -> float | None:
         v = last.get(key)
@@ -259,6 +258,7 @@ def study_status(
                 local = None
         progress = read_progress(run, repo)
         state, detail = decide_state(progress, slurm, local_running, local)
+        job, job_state = "", ""
         if slurm is not None:
             job, job_state = slurm.job_id, slurm.describe()
             if len(active) > 1:
@@ -270,8 +270,6 @@ def study_status(
             job_state = "running" if local_running else "gone" if code is None else f"exit {code}"
         elif subs:
             job, job_state = subs[-1].job, "unknown to Slurm" if note is None else "not asked"
-        else:
-            job, job_state = "", ""
         rows.append(RunStatus(run, state, progress, job, job_state, detail))
     return StudyStatus(rows, note)
 
