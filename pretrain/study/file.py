@@ -37,11 +37,11 @@ LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_]\w*(?:\.text)?)\}")
 
 
+@dataclass(frozen=True)
 class Where:
     """Says which study file, and which field of it, an error is about."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    path: Path
 
     def error(self, where: str, problem: str, fix: str) -> StudyError:
         return StudyError(f"{shown_path(self.path)}: {where}: {problem}; {fix}")
@@ -270,6 +270,8 @@ def parse_axis(w: Where, name: str, spec: AxisSpec) -> Axis:
     where = f"axis {name}"
     if not LABEL.match(name):
         raise w.error(where, "the axis name is not a word", "use letters, digits and _")
+    if name in ("seed", "name", "stem", "study", "description"):
+        raise w.error(where, "the name is taken by the run's own fields", "rename the axis")
     if spec.key_ is not None and spec.keys is not None:
         raise w.error(where, "both key and keys are given", "give one")
     keys = [spec.key_] if spec.key_ is not None else spec.keys

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pretrain.study.file import Headers, Where
-from pretrain.study.slurm import Slurm, time_limit_s
+from pretrain.study.slurm import Slurm
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,4 @@ def as_array(study: Study, max_running: int | None = None) -> Study:
     )
 
 
-def array_header(study: Study) -> Slurm:
-    """The job array's Slurm header: the study's layout at the longest time of its runs."""
-    assert study.slurm is not None
-    runs = [r.slurm for r in study.runs if r.slurm is not None]
-    return max(runs, key=lambda s: time_limit_s(s.time)) if runs else study.slurm
-
-
-__all__ = ["Study", "StudyRun", "array_header", "as_array", "relative_path"]
+__all__ = ["Study", "StudyRun", "as_array", "relative_path"]

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pretrain.config import (
     Config,
     ConfigError,
@@ -21,10 +19,10 @@ from pretrain.config import (
     check_world_size,
     from_dict,
     get_key,
+    read_yaml,
     resolve_inherit,
     set_key,
     to_dict,
-    yaml_error_message,
 )
 from pretrain.study.file import (
     GENERATED,
@@ -63,21 +61,15 @@ Labels = dict[str, tuple[str, ...]]  # axis -> labels: an exclusion, the baselin
 
 def load_study(path: str | Path) -> Study:
     """Read, expand and check a study file; raises StudyError (one line) for anything wrong."""
-    path = Path(path)
-    if not path.is_file():
-        raise StudyError(
-            f"{shown_path(path)}: no such study file; check the path (studies/NAME.yaml)"
-        )
+    shown = Path(shown_path(Path(path)))
+    if not shown.is_file():
+        raise StudyError(f"{shown}: no such study file; check the path (studies/NAME.yaml)")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise StudyError(yaml_error_message(e, shown_path(path))) from None
-    if not isinstance(data, dict):
-        raise StudyError(
-            f"{shown_path(path)}: the top level must be a mapping of fields; see docs/studies.md"
-        )
-    w = Where(path)
-    return _Loader(w, path.resolve(), read_study_file(w, data)).study()
+        data = read_yaml(shown)
+    except ConfigError as e:  # not YAML, or not a mapping
+        raise StudyError(str(e)) from None
+    w = Where(Path(path))
+    return _Loader(w, shown.resolve(), read_study_file(w, data)).study()
 
 
 class _Loader:
@@ -92,17 +84,13 @@ class _Loader:
                 "name", f"{self.name!r} is not a file name", "use letters, digits, _ and -"
             )
         self.axes = {k: parse_axis(w, k, v) for k, v in (file.axes or {}).items()}
-        for reserved in ("seed", "name", "stem", "study", "description"):
-            if reserved in self.axes:
-                raise w.error(
-                    f"axis {reserved}",
-                    "the name is taken by the run's own fields",
-                    "rename the axis",
-                )
         self.base = self._base_config()
         self.rules = parse_rules(w, file.rules)
         self.seeds, self.seed_key = self._seeds()
-        self.layout = self._layout()
+        self.layout = file.layout.model_dump()
+        for k, v in self.layout.items():
+            if not v:
+                raise w.error(f"layout {k}", f"{v!r} is not a template", "e.g. runs/{name}")
         self.slurm_spec, self.array, self.max_running = slurm_options(w, file.slurm)
         self.plan = self._plan_file()
         self.exclude = self._exclude("exclude", file.exclude)
@@ -138,13 +126,6 @@ class _Loader:
         if len(set(seeds)) != len(seeds):
             raise self.w.error("seeds", f"{seeds} repeats a seed", "list each seed once")
         return tuple(seeds), key
-
-    def _layout(self) -> dict[str, str]:
-        out = self.file.layout.model_dump()
-        for k, v in out.items():
-            if not v:
-                raise self.w.error(f"layout {k}", f"{v!r} is not a template", "e.g. runs/{name}")
-        return out
 
     def _plan_file(self) -> dict[str, dict[str, Any]]:
         spec = self.file.plan_file
@@ -410,13 +391,12 @@ class _Loader:
             seen: dict[Any, str] = {}
             for r in runs:
                 v = getattr(r, attr)
-                if v is not None and v in seen:
+                if v is not None and seen.setdefault(v, r.name) != r.name:
                     raise self.w.error(
                         f"run {r.name}",
                         f"has the same {what} {v} as run {seen[v]}",
                         f"put {{name}} in layout {attr.removesuffix('_path')}",
                     )
-                seen[v] = r.name
         owner: dict[str, str] = {}
         for r in runs:
             if owner.setdefault(r.config_path, r.group) != r.group:
@@ -435,27 +415,27 @@ class _Loader:
         if self.file.baseline is None:
             return None
         labels = labels_by_axis(self.w, "baseline", self.file.baseline, self.axes)
+        out = {a: lab for a, (lab,) in labels.items()}
         if not any(_matches(labels, r.labels) for r in runs):
-            raise self.w.error("baseline", f"no run has {labels}", "choose labels some run has")
-        return {a: lab for a, (lab,) in labels.items()}
+            raise self.w.error("baseline", f"no run has {out}", "choose labels some run has")
+        return out
 
 
 def written_config(compact: dict[str, Any], config_path: str) -> dict[str, Any]:
     """The config file's content: the study's repository paths in `inherit:` become paths
     from the config's own folder, as the config loader reads them."""
-    out = copy.deepcopy(compact)
-    inherit = out.get("inherit")
     here = os.path.dirname(config_path) or "."
 
-    def rel(p: Any) -> str:
+    def rel(p: Any) -> Any:  # a path, a list of them, or {section: path}
+        if isinstance(p, list):
+            return [rel(x) for x in p]
+        if isinstance(p, dict):
+            return {k: rel(x) for k, x in p.items()}
         return Path(os.path.relpath(str(p), here)).as_posix()
 
-    if isinstance(inherit, str):
-        out["inherit"] = rel(inherit)
-    elif isinstance(inherit, list):
-        out["inherit"] = [rel(p) for p in inherit]
-    elif isinstance(inherit, dict):
-        out["inherit"] = {k: rel(p) for k, p in inherit.items()}
+    out = copy.deepcopy(compact)
+    if out.get("inherit") is not None:
+        out["inherit"] = rel(out["inherit"])
     return out
 
 

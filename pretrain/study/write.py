@@ -11,7 +11,8 @@ import yaml
 
 from pretrain.run_layout import atomic_write
 from pretrain.study.file import Where, render_template
-from pretrain.study.runs import Study, StudyRun, array_header, as_array, relative_path
+from pretrain.study.runs import Study, StudyRun, as_array, relative_path
+from pretrain.study.slurm import time_limit_s
 
 LAUNCH = "slurm/launch.sh"
 
@@ -79,6 +80,9 @@ def render_array_script(study: Study) -> str:
     assert study.array_script is not None and study.headers is not None
     n = len(study.runs)
     cap = f"%{study.max_running}" if study.max_running else ""
+    # One header for every task: the study's layout at the longest time of its runs.
+    slurms = [r.slurm for r in study.runs if r.slurm is not None] or [study.slurm]
+    header = max(slurms, key=lambda s: time_limit_s(s.time))
     lines = [
         "#!/bin/bash",
         f"# {study.name}: {study.description or 'a study'}; a Slurm job array of {n} runs.",
@@ -86,7 +90,7 @@ def render_array_script(study: Study) -> str:
         f"# Submit from the repository root: sbatch {study.array_script} [--set key=value ...]",
         "# Task i trains run i of `python tools/study.py list "
         f"{relative_path(study.path, study.repo)}` (the case below names each).",
-        *array_header(study).lines(study.name, array=f"0-{n - 1}{cap}"),
+        *header.lines(study.name, array=f"0-{n - 1}{cap}"),
         "",
         'case "${SLURM_ARRAY_TASK_ID:?submit with sbatch: this script is a job array}" in',
     ]
@@ -141,14 +145,11 @@ def stale_files(
     a study's `generated` line but that no run writes any more (the per-run scripts and the
     job array, whichever `array` leaves out, still count as written)."""
     want: dict[str, str] = {}
-    known: set[str] = set()  # every path a study writes, one script per run or as an array
+    known: set[str | None] = set()  # every path a study writes, one script per run or as an array
     for study in studies:
-        if study.slurm is None:
-            want.update(study_files(study))
-        else:
-            want.update(study_files(study, array=array, max_running=max_running))
-        known |= {r.script_path for r in study.runs if r.script_path is not None}
-        known |= {study.array_script} if study.array_script is not None else set()
+        arrayed = study.slurm is not None and (array or max_running is not None)
+        want.update(study_files(study, arrayed, max_running if arrayed else None))
+        known |= {r.script_path for r in study.runs} | {study.array_script}
     known |= set(want)
     bad = [
         p for p, text in want.items() if not (repo / p).is_file() or (repo / p).read_text() != text
