@@ -133,8 +133,6 @@ class Layout(Section):
     """Templates of a run's files and names: {name} (the run), {stem} (without the seed),
     {seed}, {AXIS}, {AXIS.text}, {study}."""
 
-    key = "layout"
-
     config: str = "studies/{study}/configs/{name}.yaml"
     """The config a run is written to; without {name} or {seed}, the seeds of a group share one file and get their seed and run folder with --set."""
     script: str = "studies/{study}/slurm/{name}.sh"
@@ -156,8 +154,6 @@ class Headers(Section):
     """Templates of the comment lines above a written config and a job script's #SBATCH lines:
     {name}, {description}, {config}, {script}, {study_file}, {generated}."""
 
-    key = "headers"
-
     config: str = "# {name}: {description}.\n# {generated}\n"
     """Above a written config."""
     script: str = (
@@ -171,8 +167,6 @@ class Headers(Section):
 
 class Seeds(Section):
     """Seeds with a key of their own."""
-
-    key = "seeds"
 
     values: list[Int]
     """The seeds, e.g. [1, 2, 3]."""

@@ -76,10 +76,6 @@ class PlanFigures(BaseModel):
         names = [n for n in cls.model_fields if n != "full_mfu_seconds"]
         return cls(**{n: getattr(plan, n) for n in names}, full_mfu_seconds=plan.run_time(1.0))
 
-    def run_time(self, mfu: float) -> float:
-        """Plan.run_time(mfu): seconds of the run's model FLOPs at `mfu`."""
-        return self.full_mfu_seconds / mfu
-
 
 def _trace_key(run: StudyRun, ranks: int) -> str:
     """What the plan depends on: the config without what only names, seeds or feeds the run
@@ -250,7 +246,7 @@ def plan_rows(
     for run, key in zip(study.runs, keys, strict=True):
         p, slurm = plans[key], run.slurm
         ranks = slurm.ranks if slurm is not None else 1
-        wall_h = p.run_time(mfu) * p.recompute_ratio / 3600
+        wall_h = p.full_mfu_seconds / mfu * p.recompute_ratio / 3600  # executed FLOPs
         rows.append(
             {
                 "name": run.name,

@@ -52,7 +52,7 @@ class Grid:
     run_description: str
     entries: tuple[Entry, ...]  # the grid is their product
     slurm: dict[str, Any]  # changes to the study's layout
-    exclude: tuple[Labels, ...]
+    exclude: dict[str, Labels]  # by where each is in the file
     where: str
 
 
@@ -176,18 +176,15 @@ class _Loader:
 
     def study(self) -> Study:
         runs: list[StudyRun] = []
-        top = [(f"exclude[{i}]", ex) for i, ex in enumerate(self.exclude)]
-        unused = dict(top)  # exclusions that matched no run yet, in the file's order
+        unused = dict(self.exclude)  # exclusions that matched no run yet, in the file's order
         for grid in self.grids:
-            excludes = top + [
-                (f"{grid.where} exclude[{i}]", ex) for i, ex in enumerate(grid.exclude)
-            ]
-            unused.update(excludes[len(top) :])
+            excludes = {**self.exclude, **grid.exclude}
+            unused |= grid.exclude
             for combo in itertools.product(*grid.entries):
                 picked = dict(pair for row in combo for pair in row)
-                hit = [label for label, ex in excludes if _matches(ex, picked)]
-                for label in hit:
-                    unused.pop(label, None)
+                hit = [k for k, ex in excludes.items() if _matches(ex, picked)]
+                for k in hit:
+                    unused.pop(k, None)
                 if not hit:
                     runs += [self._run(grid, picked, seed) for seed in self.seeds or (None,)]
         if unused:
@@ -406,10 +403,10 @@ class _Loader:
                     "put {name} or {stem} in layout config",
                 )
 
-    def _exclude(self, where: str, spec: list[dict[str, Any]] | None) -> tuple[Labels, ...]:
-        return tuple(
-            labels_by_axis(self.w, f"{where}[{i}]", x, self.axes) for i, x in enumerate(spec or ())
-        )
+    def _exclude(self, where: str, spec: list[dict[str, Any]] | None) -> dict[str, Labels]:
+        """Each exclusion by where it is (exclude[0], grids[1] exclude[0])."""
+        out = {f"{where}[{i}]": x for i, x in enumerate(spec or ())}
+        return {k: labels_by_axis(self.w, k, x, self.axes) for k, x in out.items()}
 
     def _baseline(self, runs: list[StudyRun]) -> dict[str, str] | None:
         if self.file.baseline is None:
