@@ -77,17 +77,6 @@ class PlanFigures(BaseModel):
         return cls(**{n: getattr(plan, n) for n in names}, full_mfu_seconds=plan.run_time(1.0))
 
 
-def _trace_key(run: StudyRun, ranks: int) -> str:
-    """What the plan depends on: the config without what only names, seeds or feeds the run
-    (what the data changes, the attention share under a document mask, is in `_cache_key`)."""
-    config = json.loads(json.dumps(run.config))
-    config["train"].pop("seed", None)
-    config["logging"].pop("run_dir", None)
-    for split in ("train", "valid"):
-        config.get("data", {}).pop(split, None)
-    return json.dumps([config, ranks], sort_keys=True)
-
-
 def trace_sources(entry: str = TRACE_ENTRY) -> list[Path]:
     """The source files of our modules a trace can run: `entry` and every module of ours it
     imports, directly or through others, at load time or inside a function, read with `ast`
@@ -138,13 +127,20 @@ def _planner_stamp() -> dict[str, Any]:
     return {"version": PLAN_CACHE_VERSION, "torch": torch.__version__, "source": digest.hexdigest()}
 
 
-def _cache_key(trace_key: str, cfg: Config, device: GPU) -> str:
-    """The sha256 of all a trace depends on: `_trace_key`, the GPU, the planner's version and,
-    with a document mask, the attention share measured on the data here."""
+def _cache_key(run: StudyRun, ranks: int, device: GPU) -> str:
+    """The sha256 of all a trace depends on: the config without what only names, seeds or
+    feeds the run, the GPUs, the GPU, the planner's version and, with a document mask, the
+    attention share measured on the data here (what the data changes)."""
     from pretrain.planner.search import document_fraction
 
+    config = json.loads(json.dumps(run.config))
+    config["train"].pop("seed", None)
+    config["logging"].pop("run_dir", None)
+    for split in ("train", "valid"):
+        config.get("data", {}).pop(split, None)
+    cfg = from_dict(Config, run.config)
     material = {
-        "trace": trace_key,
+        "trace": json.dumps([config, ranks], sort_keys=True),
         "gpu": dataclasses.asdict(device),
         "planner": _planner_stamp(),
         "documents": document_fraction(cfg)[0] if cfg.data.document_mask else None,
@@ -223,7 +219,7 @@ def plan_rows(
     keys = []
     for run in study.runs:
         ranks = run.slurm.ranks if run.slurm is not None else 1
-        key = _cache_key(_trace_key(run, ranks), from_dict(Config, run.config), device)
+        key = _cache_key(run, ranks, device)
         keys.append(key)
         if key not in plans and key not in todo:
             figures = _read_cached(cache_dir / f"{key}.json") if cache and not fresh else None
