@@ -236,6 +236,19 @@ def trainer_names_used_by_callbacks() -> set[str]:
     return names
 
 
+# The config and the studies, wherever their code lives: the loader, the schema, the run's
+# machine checks, every section beside its feature, the study package and its programs.
+CONFIG_AND_STUDIES = (
+    "config.py", "schema.py", "preflight.py", "*/config.py", "study/*.py", "cli/study*.py",
+    "cli/config_schema.py",
+)  # fmt: skip
+
+
+def config_and_studies_lines() -> int:
+    files = {p for pattern in CONFIG_AND_STUDIES for p in PACKAGE.glob(pattern)}
+    return sum(len(p.read_text().splitlines()) for p in files)
+
+
 def function_lines(path: Path, qualname: str) -> int:
     cls, _, fn = qualname.rpartition(".")
     for node in ast.walk(ast.parse(path.read_text())):
@@ -259,6 +272,7 @@ def report() -> list[str]:
         f"imports of our modules inside functions: {sum(by_count.values())}",
         f"  most: {', '.join(f'{k} {v}' for k, v in sorted(by_count.items(), key=lambda kv: -kv[1])[:5])}",
         f"longest module: {longest.name} ({longest.lines} lines)",
+        f"config and studies: {config_and_studies_lines()} lines",
         f"trainer.py lines: {len(trainer.read_text().splitlines())}",
         f"Trainer.rollback lines: {function_lines(trainer, 'Trainer.rollback')}",
         f"Trainer attributes created outside __init__: {len(attributes_outside_init(trainer, 'Trainer'))}",

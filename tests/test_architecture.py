@@ -23,6 +23,7 @@ from architecture import (
     PACKAGE,
     ROOT,
     attributes_outside_init,
+    config_and_studies_lines,
     function_lines,
     load_modules,
     packages_loaded,
@@ -470,3 +471,21 @@ def test_the_model_loads_its_own_section_and_no_other():
     assert "pretrain.model.config" in loaded, out.stderr
     others = {"pretrain.config", "pretrain.data.config", "pretrain.train.config"}
     assert not loaded & {*others, "pretrain.eval.config"}, loaded
+
+
+def test_the_docs_figures_are_what_the_code_measures():
+    """docs/architecture.md's figures table against tests/architecture.py's measurements."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    trainer = PACKAGE / "train" / "trainer.py"
+    longest = max(MODULES.values(), key=lambda m: m.lines)
+    rows = {
+        "imports of our modules inside functions": f"{sum(len(m.inner) for m in MODULES.values())}",
+        "longest module": f"`pretrain/{longest.name.removeprefix('pretrain.').replace('.', '/')}.py`, "
+        f"{longest.lines} lines",
+        "config and studies": f"{config_and_studies_lines():,} lines",
+        "`train/trainer.py`": f"{len(trainer.read_text().splitlines())} lines, `Trainer.rollback` "
+        f"{function_lines(trainer, 'Trainer.rollback')}",
+    }
+    for figure, value in rows.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"| {figure}"))
+        assert line.endswith(f"| {value} |"), (line, value)
