@@ -20,6 +20,7 @@ from pretrain.hf import HFConversionError, choose_target, export_hf, read_hf_fol
 from pretrain.model import Transformer
 from pretrain.model.pairs import resolve_pairs
 from pretrain.model.position import layer_positions
+from pretrain.train.trainer import Trainer
 from pretrain.weights import init_from_summary, load_initial_weights, save_weights
 
 # 3 layers, 4 query heads on 2 KV heads of 16 dims: 8 pairs per head.
@@ -333,7 +334,11 @@ def surgery_case(usage_map_dir: Path) -> tuple[Transformer, Config, Path]:
         checkpoint={"init_from": str(usage_map_dir / "source")},
     )
     config = load_config(write_config(usage_map_dir / "run.yaml", cfg))
-    return source_model, config.replace(model=resolve_pairs(config.model)), folder  # as Trainer
+    assert config.model.rope_pairs.selected is None  # read from the map when the run starts:
+    trainer = Trainer(config, save_checkpoints=False)  # the config the run records has it
+    selected = trainer.cfg.model.rope_pairs.selected
+    assert selected is not None and trainer.resolved["model"]["rope_pairs"]["selected"] == selected
+    return source_model, trainer.cfg, folder
 
 
 def test_surgery_from_a_full_rope_run_keeps_every_weight(tmp_path):

@@ -76,7 +76,9 @@ class Trainer:
         sinks: list[Sink] | None = None,
     ) -> None:
         # A usage pair selection is read from its map once, here: the run's config records it.
-        self.cfg = cfg = cfg.replace(model=resolve_pairs(cfg.model))
+        if (model := resolve_pairs(cfg.model)) is not cfg.model:
+            cfg = cfg.replace(model=model)
+        self.cfg = cfg
         self.given_data = data
         self.planner = planner
         self.callbacks = callbacks if callbacks is not None else build_callbacks(cfg)
