@@ -188,7 +188,8 @@ def test_exports(prefix: Path) -> int:
 # What `tools/gpu_check.py` needs that a GPU machine's image with torch, transformers,
 # numpy, scipy, matplotlib, lightning and the like lacks (the H200 image of the first loan:
 # docs/performance.md, "Measured on a GPU"), at the lock's versions; liger-kernel is no
-# dependency (its GPU test skips without it, which the check counts as a failure).
+# dependency (its GPU test skips without it, which the check counts as a failure); torchao
+# for the fp8 stage (the H100 image of 2026-12-06 lacked it).
 OFFLINE_PACKAGES = (
     "deepspeed",
     "hjson",
@@ -203,6 +204,7 @@ OFFLINE_PACKAGES = (
     "docstring-parser",
     "typeshed-client",
     "liger-kernel",
+    "torchao",
 )
 OFFLINE_EXTRA = {"liger-kernel": "0.8.5"}
 MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64")

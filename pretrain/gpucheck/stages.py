@@ -168,20 +168,13 @@ BUDGETS = {
     # 82-139 s for eager and compiled back to back; now a third run, compiled by blocks (its
     # compile about one block's): ~1.45x, so 300 s.
     "compile-llama1b": 300,
-    # Not measured yet: 3 compiled 2-block 8B-width models (~30 s of compile each), 5 rounds.
-    "fp8": 150,
-    # Not measured yet: 7 models of 4 blocks, FlexAttention's first call compiles (~10-20 s
-    # for each window / ALiBi variant), then 5 paired rounds of ~0.1 s steps.
-    "positions": 150,
+    "fp8": 110,  # H100 2026-12-06: 37-72 s with inductor's cache empty, 15-19 s warm
+    "positions": 30,  # H100 2026-12-06: 15 s
     "tests": 130,  # 52-84 s
-    # Not measured yet in this form. The H100 (2026-11-27) ran the old peers stage, one shape
-    # with one compiled model (ours) among four, in 81 s: ~20 s of building four 692M models
-    # on the host, CUDA start and 12 rounds of ~0.1 s steps, ~60 s of inductor compiling ours.
-    # Now each shape compiles three models (ours, transformers, litgpt): ~20 + 3 x 60 = 200 s
-    # at llama1b, 1.5x = 300 s. pythia1b compiled in about half llama1b's time in the compile
-    # stages (42 s against 82-139 s for a whole eager + compiled run): ~20 + 3 x 35 = 125 s,
-    # 1.5x = 190, rounded up to 240 for the unknown (transformers' and litgpt's graphs).
-    "peers-llama1b": 300,
+    # H100 2026-12-06: 138 s (three compiled models). pythia1b not measured in this form: it
+    # compiled in about half llama1b's time in the compile stages (42 s against 82-139 s),
+    # so ~20 + 3 x 35 = 125 s, 1.5x = 190, rounded up to 240 for the unknown.
+    "peers-llama1b": 210,
     "numerics": 20,  # 0.6 s
     "kernels": 30,  # 6-9 s
     "compile-pythia1b": 220,  # 42-95 s for two runs; a third (compiled by blocks) ~1.45x

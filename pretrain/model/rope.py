@@ -243,10 +243,14 @@ def apply_rope(
     """
     if cos.shape[-1] == 0:
         return x
-    if not (torch.is_grad_enabled() and x.requires_grad):
+    if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and x.requires_grad):
         # Inference (evaluation, decoding): the plain expression, the same numbers. The
         # Function pays off through what it saves for the backward; without one, evaluation
-        # and generation run exactly the code they ran before it.
+        # and generation run exactly the code they ran before it. Under torch.compile too:
+        # dynamo cannot trace the Function's writes into slices (`out=` a non-contiguous
+        # view), so it broke the graph twice a layer; inductor fuses the plain expression
+        # and its autograd backward into a kernel each way, which is what the Function
+        # does by hand.
         return apply_rope_reference(x, cos, sin, keep)
     return _ApplyRope.apply(x, cos, sin, keep)
 
