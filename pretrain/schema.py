@@ -176,6 +176,10 @@ def _first(tp: Any, pick: Callable[[Any], Any]) -> Any:
     return found
 
 
+def _is_dict(tp: Any) -> Any:
+    return tp if get_origin(tp) is dict else None
+
+
 def section_of(annotation: Any) -> type[BaseModel] | None:
     """The section an annotation holds (`X`, `X | None`, `list[X]`), else None."""
     return _first(
@@ -278,18 +282,27 @@ def bounds_text(bounds: dict[str, Any]) -> str:
     return f"{one[0]} {_number_text(one[1])}" if one else ""
 
 
-def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> ConfigError:
-    """Pydantic's first error as our one line: the dotted key, the value, the problem, the fix."""
+def config_error(
+    e: ValidationError, cls: type[BaseModel], prefix: str = "", top: str = "the config"
+) -> ConfigError:
+    """Pydantic's first error as our one line: the dotted key, the value, the problem, the fix.
+    `top` names the whole mapping in an unknown top-level key's line."""
     errors = e.errors(include_url=False)
-    err = errors[0]
+    # An unknown key first: in a union (`seeds: {valuse: ...}`) it is the mistake, not the type.
+    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     key, section, annotation, info, union = prefix, cls, None, None, False
-    parent = prefix
+    parent, named = prefix, False
     for depth, part in enumerate(err["loc"]):
         if isinstance(part, int):
             key += f"[{part}]"
             continue
+        if named:  # the user's name in a mapping of sections (a study's `axes: NAME:`)
+            key, named, annotation, info = f"{key}.{part}", False, section, None
+            continue
         fields = yaml_keys(section) if section is not None else {}
         unknown = err["type"] == "extra_forbidden" and part == err["loc"][-1]
+        if section is not None and part == section.__name__ and not unknown:
+            continue  # the union member that is this section: its fields come next
         if part not in fields and not unknown:
             # A union's member tag: the value fits none of the field's types, unless it has
             # the type of a member and is outside that member's bounds
@@ -303,6 +316,7 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
             info = section.model_fields[fields[part]]  # type: ignore[union-attr]
             annotation = info.annotation
             section = section_of(annotation)
+            named = section is not None and _first(annotation, _is_dict) is not None
     value = err.get("input")
     kind = err["type"]
     hints = [m.text for m in (info.metadata if info is not None else ()) if isinstance(m, Hint)]
@@ -314,7 +328,7 @@ def config_error(e: ValidationError, cls: type[BaseModel], prefix: str = "") -> 
         known = list(yaml_keys(section)) if section is not None else []
         hint = did_you_mean(key.rpartition(".")[2], known, f"{parent}." if parent else "")
         return ConfigError(
-            f"unknown key {key}{hint}; known keys of {parent or 'the config'}: {', '.join(known)}"
+            f"unknown key {key}{hint}; known keys of {parent or top}: {', '.join(known)}"
         )
     if union:
         return ConfigError(

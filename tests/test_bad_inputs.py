@@ -419,7 +419,7 @@ CASES = [
         "study-unknown-field",
         "study",
         ["write", "{t}/studies/s.yaml"],
-        "unknown field 'axis' (did you mean axes?)",
+        "unknown key axis (did you mean axes?)",
         study_file(axis={}),
     ),
     # tools/config_schema.py

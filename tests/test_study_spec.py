@@ -243,8 +243,8 @@ REFUSALS = [
     (
         "unknown-field",
         _set("axis", {}),
-        "top level: unknown field 'axis' (did you mean axes?)",
-        "use one of",
+        "unknown key axis (did you mean axes?)",
+        "known keys of the study file: ",
     ),
     ("no-config", _set("config", DELETE), "config: missing", "give the base config"),
     (

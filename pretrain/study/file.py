@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from pretrain.config import ConfigError, check_key
 from pretrain.errors import UserError
@@ -21,9 +21,7 @@ from pretrain.schema import (
     Section,
     config_error,
     did_you_mean,
-    section_of,
     validate_section,
-    yaml_keys,
 )
 
 
@@ -212,43 +210,8 @@ def read_study_file(w: Where, data: dict[str, Any]) -> StudyFile:
     try:
         return validate_section(StudyFile, data)
     except ValidationError as e:
-        raise _shape_error(w, e, data) from None
-
-
-def _shape_error(w: Where, e: ValidationError, data: dict[str, Any]) -> StudyError:
-    """Pydantic's first error in one line, an unknown field's first. An axis's is worded from
-    the axis on, validated again alone: config_error walks fields, not a mapping's names."""
-    cls: type[BaseModel] = StudyFile
-    loc = e.errors()[0]["loc"]
-    where = str(loc[0])
-    if loc[0] == "axes" and len(loc) > 1:
-        axis, where = data["axes"][loc[1]], f"axis {loc[1]}"
-        if not isinstance(axis, dict):
-            return w.error(where, f"{axis!r} is not a mapping", "give key: and values:")
-        try:
-            validate_section(AxisSpec, axis)
-        except ValidationError as alone:
-            e, cls = alone, AxisSpec
-    errors = e.errors(include_url=False)
-    unknown = next((x["loc"] for x in errors if x["type"] == "extra_forbidden"), None)
-    if unknown is None:
-        return w.error(where, str(config_error(e, cls, "")), "see docs/studies.md")
-    words: list[str] = []
-    for part in unknown[:-1]:  # down to the section that holds the unknown field
-        if isinstance(part, int):
-            words[-1] += f"[{part}]"
-        elif words == ["axes"]:
-            words = [f"axis {part}"]
-        elif part in yaml_keys(cls):
-            words.append(str(part))
-            cls = section_of(cls.model_fields[yaml_keys(cls)[part]].annotation) or cls
-        # else: a union's member tag (`Seeds` of seeds: {...}), not the user's
-    known, field = list(yaml_keys(cls)), str(unknown[-1])
-    return w.error(
-        " ".join(words) or ("top level" if cls is StudyFile else where),
-        f"unknown field {field!r}{did_you_mean(field, known)}",
-        f"use one of {', '.join(known)}",
-    )
+        error = config_error(e, StudyFile, top="the study file")
+        raise StudyError(f"{shown_path(w.path)}: {error}; see docs/studies.md") from None
 
 
 @dataclass(frozen=True)
