@@ -46,17 +46,8 @@ from pretrain.study.runs import Study, StudyRun  # noqa: E402
 from pretrain.study.selection import select_runs  # noqa: E402
 from pretrain.study.spec import load_study  # noqa: E402
 from pretrain.study.status import (  # noqa: E402
-    CANCELLED,
-    COMPLETED,
-    DIVERGED,
-    FAILED,
-    HUNG,
-    NOT_STARTED,
-    QUEUED,
-    REQUEUED,
-    RUNNING,
-    STOPPED,
     RunProgress,
+    State,
     decide_state,
     read_progress,
     study_status,
@@ -76,34 +67,34 @@ def job(state: str, restarts: int = 0, reason: str = "None") -> SlurmJob:
 @pytest.mark.parametrize(
     "prog, slurm, local_running, local, want",
     [
-        (progress(), None, False, None, NOT_STARTED),
-        (progress(), job("PENDING", reason="Dependency"), False, None, QUEUED),
-        (progress(step=3), job("RUNNING"), False, None, RUNNING),
-        (progress(step=3), job("PENDING", restarts=1), False, None, REQUEUED),
-        (progress(step=3), job("REQUEUE_HOLD", restarts=1), False, None, REQUEUED),
-        (progress(step=10, checkpoint_step=10), job("COMPLETED"), False, None, COMPLETED),
-        (progress(step=3), job("CANCELLED"), False, None, CANCELLED),
-        (progress(step=3), job("FAILED"), False, None, FAILED),
-        (progress(step=3), job("TIMEOUT"), False, None, FAILED),
-        (progress(step=3, hung=True), job("FAILED"), False, None, HUNG),
+        (progress(), None, False, None, State.NOT_STARTED),
+        (progress(), job("PENDING", reason="Dependency"), False, None, State.QUEUED),
+        (progress(step=3), job("RUNNING"), False, None, State.RUNNING),
+        (progress(step=3), job("PENDING", restarts=1), False, None, State.REQUEUED),
+        (progress(step=3), job("REQUEUE_HOLD", restarts=1), False, None, State.REQUEUED),
+        (progress(step=10, checkpoint_step=10), job("COMPLETED"), False, None, State.COMPLETED),
+        (progress(step=3), job("CANCELLED"), False, None, State.CANCELLED),
+        (progress(step=3), job("FAILED"), False, None, State.FAILED),
+        (progress(step=3), job("TIMEOUT"), False, None, State.FAILED),
+        (progress(step=3, hung=True), job("FAILED"), False, None, State.HUNG),
         # a job that ended 0 without the last checkpoint did not finish its run
-        (progress(step=3), job("COMPLETED"), False, None, FAILED),
-        (progress(step=3, non_finite=True), job("RUNNING"), False, None, DIVERGED),
-        (progress(step=10, checkpoint_step=10, gave_up=True), None, False, None, DIVERGED),
-        (progress(step=3), None, True, None, RUNNING),
-        (progress(step=3), None, False, LocalRecord(1, "t", "t", 99), STOPPED),
-        (progress(step=3), None, False, LocalRecord(1, "t", "t", -9), STOPPED),
-        (progress(step=3), None, False, LocalRecord(1, "t", "t", 1), FAILED),
-        (progress(step=3), None, False, LocalRecord(1, "t", "t", 124), HUNG),
-        (progress(step=3), None, False, LocalRecord(1, "t"), STOPPED),  # executor died
+        (progress(step=3), job("COMPLETED"), False, None, State.FAILED),
+        (progress(step=3, non_finite=True), job("RUNNING"), False, None, State.DIVERGED),
+        (progress(step=10, checkpoint_step=10, gave_up=True), None, False, None, State.DIVERGED),
+        (progress(step=3), None, True, None, State.RUNNING),
+        (progress(step=3), None, False, LocalRecord(1, "t", "t", 99), State.STOPPED),
+        (progress(step=3), None, False, LocalRecord(1, "t", "t", -9), State.STOPPED),
+        (progress(step=3), None, False, LocalRecord(1, "t", "t", 1), State.FAILED),
+        (progress(step=3), None, False, LocalRecord(1, "t", "t", 124), State.HUNG),
+        (progress(step=3), None, False, LocalRecord(1, "t"), State.STOPPED),  # executor died
         (
             progress(step=10, checkpoint_step=10),
             None,
             False,
             LocalRecord(1, "t", "t", 0),
-            COMPLETED,
+            State.COMPLETED,
         ),
-        (progress(step=3, hung=True), None, False, None, HUNG),
+        (progress(step=3, hung=True), None, False, None, State.HUNG),
     ],
 )
 def test_each_state_from_folder_job_and_process(prog, slurm, local_running, local, want):
@@ -381,8 +372,10 @@ def test_local_executor_killed_halfway_and_continued(tmp_path, data, monkeypatch
         again = _study("submit", str(path), "--executor", "local")
         assert again.returncode == 2 and "holds" in again.stderr, again.stderr
         rows = {r.run.name: r for r in study_status(study, tmp_path, ask_slurm=False).rows}
-        assert rows["rope0_s1"].state == RUNNING and rows["rope0_s1"].job.startswith("local pid")
-        assert rows["rope25_s1"].state == NOT_STARTED
+        assert rows["rope0_s1"].state == State.RUNNING and rows["rope0_s1"].job.startswith(
+            "local pid"
+        )
+        assert rows["rope25_s1"].state == State.NOT_STARTED
         pid = json.loads((study.out_dir / "state" / "rope0_s1.json").read_text())["pid"]
         executor.kill()  # kill -9: no clean-up of its own
         executor.wait(timeout=30)
@@ -394,7 +387,7 @@ def test_local_executor_killed_halfway_and_continued(tmp_path, data, monkeypatch
     stopped = read_progress(study.runs[0], tmp_path)
     assert stopped.checkpoint_step is not None and 2 <= stopped.checkpoint_step < 12, stopped
     rows = {r.run.name: r for r in study_status(study, tmp_path, ask_slurm=False).rows}
-    assert rows["rope0_s1"].state == STOPPED and rows["rope25_s1"].state == NOT_STARTED
+    assert rows["rope0_s1"].state == State.STOPPED and rows["rope25_s1"].state == State.NOT_STARTED
 
     # The same command continues: the stopped run resumes, the other one starts.
     cont = _study("submit", str(path), "--executor", "local", "--parallel", "1")

@@ -25,7 +25,7 @@ from pretrain.study.runs import Study, relative_path
 from pretrain.study.selection import select_runs
 from pretrain.study.slurm_submit import submit_to_slurm
 from pretrain.study.spec import load_study
-from pretrain.study.status import STATES, format_status_table, study_status
+from pretrain.study.status import State, format_status_table, study_status
 from pretrain.study.write import stale_files, study_files, write_study
 
 _echo = functools.partial(print, flush=True)
@@ -107,7 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = command(
         "status",
         "one row per run: state, step, losses, tokens/s, MFU, ETA, job; exit 1: a run failed",
-        f"States: {', '.join(STATES)} (docs/studies.md). Exit code 1 when a run failed, hung "
+        f"States: {', '.join(State)} (docs/studies.md). Exit code 1 when a run failed, hung "
         "or diverged, else 0.",
     )
     p.add_argument(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pretrain.run_layout import EVAL_DIR, step_tag
 from pretrain.study.records import StudyUsageError
 from pretrain.study.runs import relative_path
-from pretrain.study.status import COMPLETED, DIVERGED, SUBMITTABLE, StudyStatus, run_folder
+from pretrain.study.status import SUBMITTABLE, State, StudyStatus, run_folder
 from pretrain.study.write import study_files
 
 if TYPE_CHECKING:
@@ -74,14 +74,14 @@ class Executor:
         train = [r for r in runs if rows[r.name].state in SUBMITTABLE]
         evals = []
         if self.evaluate:
-            done = [r for r in runs if rows[r.name].state == COMPLETED]
+            done = [r for r in runs if rows[r.name].state == State.COMPLETED]
             evals = [r for r in done if not _evaluated(r, self.repo)]
             queued = self.evals_queued(evals) if evals else ()
             evals = [r for r in evals if r.name not in queued]
         _check_files(self.study, self.repo, train, self.slurm)
         skipped = [(r.name, rows[r.name].state) for r in runs if r not in train and r not in evals]
         for name, state in skipped:
-            if state == DIVERGED:
+            if state == State.DIVERGED:
                 self.echo(
                     f"{name}: diverged ({rows[name].detail}), skipped: change its config, or "
                     "remove its run folder to start over"

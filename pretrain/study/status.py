@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,32 +21,28 @@ from pretrain.tables import Align, text_table
 if TYPE_CHECKING:
     from pretrain.study.runs import Study, StudyRun
 
-NOT_STARTED = "not started"  # no job, no process, nothing in the run folder
-QUEUED = "queued"  # a Slurm job waits (PENDING)
-RUNNING = "running"  # a Slurm job, or a local training process (its lock held), runs it
-REQUEUED = "requeued"  # its Slurm job was requeued and waits to start again
-COMPLETED = "completed"  # the run folder holds the checkpoint of the last step
-STOPPED = "stopped"  # started, not finished, nothing running, no failure known
-CANCELLED = "cancelled"  # its Slurm job was cancelled (scancel)
-FAILED = "failed"  # its job or process ended with an error
-HUNG = "hung"  # it ended after the hang watchdog fired, and nothing restarts it
-DIVERGED = "diverged"  # a loss is not finite, or the spike guard used every rollback
-STATES = (
-    NOT_STARTED,
-    QUEUED,
-    RUNNING,
-    REQUEUED,
-    COMPLETED,
-    STOPPED,
-    CANCELLED,
-    FAILED,
-    HUNG,
-    DIVERGED,
-)
-ACTIVE = frozenset({QUEUED, RUNNING, REQUEUED})
-FAILURES = frozenset({FAILED, HUNG, DIVERGED})  # `status` exits 1
+
+class State(StrEnum):
+    """Where a run stands (docs/studies.md, "Where the runs stand")."""
+
+    NOT_STARTED = "not started"  # no job, no process, nothing in the run folder
+    QUEUED = "queued"  # a Slurm job waits (PENDING)
+    RUNNING = "running"  # a Slurm job, or a local training process (its lock held), runs it
+    REQUEUED = "requeued"  # its Slurm job was requeued and waits to start again
+    COMPLETED = "completed"  # the run folder holds the checkpoint of the last step
+    STOPPED = "stopped"  # started, not finished, nothing running, no failure known
+    CANCELLED = "cancelled"  # its Slurm job was cancelled (scancel)
+    FAILED = "failed"  # its job or process ended with an error
+    HUNG = "hung"  # it ended after the hang watchdog fired, and nothing restarts it
+    DIVERGED = "diverged"  # a loss is not finite, or the spike guard used every rollback
+
+
+ACTIVE = frozenset({State.QUEUED, State.RUNNING, State.REQUEUED})
+FAILURES = frozenset({State.FAILED, State.HUNG, State.DIVERGED})  # `status` exits 1
 # What `submit` submits (again); a diverged run would diverge again: change its config first.
-SUBMITTABLE = frozenset({NOT_STARTED, STOPPED, CANCELLED, FAILED, HUNG})
+SUBMITTABLE = frozenset(
+    {State.NOT_STARTED, State.STOPPED, State.CANCELLED, State.FAILED, State.HUNG}
+)
 
 
 @dataclass(frozen=True)
@@ -154,7 +151,7 @@ class RunStatus:
     @property
     def eta_s(self) -> float | None:
         p = self.progress
-        if self.state != RUNNING or p.step_time_s is None:
+        if self.state != State.RUNNING or p.step_time_s is None:
             return None
         return max(0, p.total - p.step) * p.step_time_s
 
@@ -168,30 +165,30 @@ def decide_state(
     """(state, detail) from the run folder and the newest job or process of the run."""
     if progress.diverged:
         if progress.gave_up:
-            return DIVERGED, f"the spike guard used all {progress.rollbacks} rollbacks"
-        return DIVERGED, "its loss is not finite"
+            return State.DIVERGED, f"the spike guard used all {progress.rollbacks} rollbacks"
+        return State.DIVERGED, "its loss is not finite"
     if local_running:
-        return RUNNING, ""
+        return State.RUNNING, ""
     if slurm is not None and slurm.active:
         if slurm.requeued:
-            return REQUEUED, ""
-        return (QUEUED if slurm.state == "PENDING" else RUNNING), ""
+            return State.REQUEUED, ""
+        return (State.QUEUED if slurm.state == "PENDING" else State.RUNNING), ""
     if progress.done:
-        return COMPLETED, ""
+        return State.COMPLETED, ""
     if slurm is not None and slurm.state == "CANCELLED":
-        return CANCELLED, ""
+        return State.CANCELLED, ""
     code = local.exit_code if local is not None and slurm is None else None
     if progress.hung or code == EXIT_HUNG:
-        return HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
+        return State.HUNG, "the hang watchdog stopped it (stacks in RUN/hang/)"
     if slurm is not None:
         if slurm.state == "COMPLETED":  # the script ended 0 without the last checkpoint
-            return FAILED, "the job completed without the run's last checkpoint"
-        return FAILED, ""
+            return State.FAILED, "the job completed without the run's last checkpoint"
+        return State.FAILED, ""
     if code is not None:
         if code == EXIT_PREEMPTED or code < 0:  # a signal: stopped
-            return STOPPED, ""
-        return FAILED, f"exit code {code}"
-    return (STOPPED if progress.started else NOT_STARTED), ""
+            return State.STOPPED, ""
+        return State.FAILED, f"exit code {code}"
+    return (State.STOPPED if progress.started else State.NOT_STARTED), ""
 
 
 @dataclass(frozen=True)
@@ -307,7 +304,7 @@ def format_status_table(status: StudyStatus) -> str:
     header = ("run", "state", *figures, "job", "Slurm / process")
     align: list[Align] = ["left", "left", *["right"] * len(figures), "left", "left"]
     table = text_table(header, [_cells(r) for r in status.rows], align)
-    counts = [(sum(r.state == s for r in status.rows), s) for s in STATES]
+    counts = [(sum(r.state == s for r in status.rows), s) for s in State]
     summary = f"{len(status.rows)} runs: " + ", ".join(f"{n} {s}" for n, s in counts if n)
     etas = [r.eta_s for r in status.rows if r.eta_s is not None]
     if etas:
@@ -319,18 +316,8 @@ def format_status_table(status: StudyStatus) -> str:
 
 __all__ = [
     "ACTIVE",
-    "CANCELLED",
-    "COMPLETED",
-    "DIVERGED",
-    "FAILED",
-    "HUNG",
-    "NOT_STARTED",
-    "QUEUED",
-    "REQUEUED",
-    "RUNNING",
-    "STATES",
-    "STOPPED",
     "SUBMITTABLE",
+    "State",
     "RunProgress",
     "StudyStatus",
     "decide_state",
