@@ -156,13 +156,19 @@ def test_compile_auto_trains_eager_on_cpu_and_compiling_by_blocks_trains_alike(
 @pytest.mark.parametrize(
     "changes",
     [
-        {"rope_fraction": 0.1},  # the paper's Llama shape: sequential, GQA, 10% RoPE
-        {"rope_fraction": 1.0, "qk_norm": True},
-        {"rope_fraction": 0.0},  # NoPE
-        {"block": "parallel", "norm": "layernorm", "mlp": "gelu", "n_kv_heads": None},
+        {"rope_fraction": 0.1, "qk_norm": True},  # the paper's Llama shape, with QK-Norm
+        # Pythia's, with a NoPE layer among RoPE ones
+        {
+            "block": "parallel",
+            "norm": "layernorm",
+            "mlp": "gelu",
+            "n_kv_heads": None,
+            "rope_fraction": 0.25,
+            "nope_every": 2,
+        },
         {"rope_fraction": 1.0, "rope_pairs": {"strategy": "uniform", "pairs": 2}},
     ],
-    ids=["llama-10pct", "qk-norm", "nope", "parallel", "rope-pairs"],
+    ids=["llama-10pct-qk-norm", "parallel-nope-layer", "rope-pairs"],
 )
 def test_the_training_step_compiles_to_one_graph(changes):
     """torch.compile traces the whole training forward as one graph: a graph break splits
