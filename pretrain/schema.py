@@ -176,8 +176,9 @@ def _first(tp: Any, pick: Callable[[Any], Any]) -> Any:
     return found
 
 
-def _is_dict(tp: Any) -> Any:
-    return tp if get_origin(tp) is dict else None
+def _named_sections(tp: Any) -> Any:
+    """`tp` if it is a mapping of user-named sections (`dict[str, AxisSpec]`), else None."""
+    return tp if get_origin(tp) is dict and section_of(get_args(tp)[1]) else None
 
 
 def section_of(annotation: Any) -> type[BaseModel] | None:
@@ -316,7 +317,7 @@ def config_error(
             info = section.model_fields[fields[part]]  # type: ignore[union-attr]
             annotation = info.annotation
             section = section_of(annotation)
-            named = section is not None and _first(annotation, _is_dict) is not None
+            named = _first(annotation, _named_sections) is not None
     value = err.get("input")
     kind = err["type"]
     hints = [m.text for m in (info.metadata if info is not None else ()) if isinstance(m, Hint)]

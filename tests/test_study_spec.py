@@ -246,6 +246,19 @@ REFUSALS = [
         "unknown key axis (did you mean axes?)",
         "known keys of the study file: ",
     ),
+    (
+        "unknown-axis-field",  # inside a mapping of named sections
+        _set("axes/theta/kye", 1),
+        "unknown key axes.theta.kye (did you mean axes.theta.key?)",
+        "known keys of axes.theta: key, keys, values, labels, text",
+    ),
+    (
+        "unknown-field-in-a-union",  # the mistake is the key, not seeds' type
+        _set("seeds", {"valuse": [1]}),
+        "unknown key seeds.valuse (did you mean seeds.values?)",
+        "known keys of seeds: values, key",
+    ),
+    ("axis-not-a-mapping", _set("axes/theta", 5), "axes.theta=5 must be a mapping", "docs"),
     ("no-config", _set("config", DELETE), "config: missing", "give the base config"),
     (
         "inherit-missing-file",
