@@ -117,6 +117,10 @@ def test_an_editor_validates_every_shipped_file_with_the_json_schemas():
     bad = {"train": {"micro_batch_sise": 4}, "optim": {"lr": "fast"}}
     assert len(list(run.iter_errors(bad))) == 2
     assert list(study.iter_errors({"config": {"trian": {}}, "axis": {}}))
+    # A study's Slurm layout is typed as well: the editor refuses what the loader refuses.
+    for slurm in ({"nodes": 0}, {"max_running": 0}, {"array": "yes"}, {"partition": "gpu"}):
+        assert list(study.iter_errors({"config": "c.yaml", "slurm": slurm})), slurm
+    assert not list(study.iter_errors({"config": "c.yaml", "slurm": {"array": True}}))
 
 
 # ----------------------------------------------------------------------------- one rule, two places

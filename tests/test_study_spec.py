@@ -366,8 +366,14 @@ REFUSALS = [
     (
         "slurm-partition",
         _set("slurm/partition", "gpu"),
-        "slurm partition: cluster options stay out of the study",
+        "slurm.partition: cluster options stay out of the study",
         "SBATCH_PARTITION in the environment",
+    ),
+    (
+        "slurm-max-running",
+        _set("slurm/max_running", 0),
+        "slurm.max_running=0 must be >= 1",
+        "see docs/studies.md",
     ),
     (
         "layout-cannot-hold-the-batch",

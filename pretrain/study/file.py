@@ -23,6 +23,7 @@ from pretrain.schema import (
     did_you_mean,
     validate_section,
 )
+from pretrain.study.slurm import StudySlurm
 
 
 class StudyError(UserError, ValueError):
@@ -193,8 +194,8 @@ class StudyFile(GridSpec):
     """Fields derived from others, in order, after the axes: KEY: OTHER.KEY (a copy), KEY: {FROM_KEY: {value: result}} (a table) or KEY: VALUE."""
     layout: Layout = Field(default_factory=Layout)
     """Templates of the files and names."""
-    slurm: dict[str, Any] | None = None
-    """The Slurm layout (nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time, signal_margin_s, exclusive, mem, output, extra), plus array: true and max_running: N; without it, configs only."""
+    slurm: StudySlurm | None = None
+    """The Slurm layout of the runs' job scripts, plus array: true and max_running: N; without it, configs only."""
     gpu: Literal["h100", "h200"] = "h200"
     """The cluster's GPU: plan's default and the plan file's fit."""
     baseline: dict[str, Label] | None = None

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
-from pretrain.schema import Bool, ConfigError, Int, Section, from_dict
-from pretrain.slurm_limits import time_limit_hours, time_limit_s
-from pretrain.study.file import Where
+from pretrain.schema import Bool, ConfigError, Int, Section
+from pretrain.slurm_limits import time_limit_s
 
 # The header's log path when nothing else is asked for; a job array's tasks get their own log
 # each (%A: the array's job id, %a: the task), which this default cannot tell apart by name.
@@ -44,6 +43,17 @@ class Slurm(Section):
     """The job's log, relative to the submit folder (the repo root)."""
     extra: tuple[str, ...] = ()
     """Further `--opt=value` lines, e.g. for a test cluster."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_cluster_options(cls, data: Any) -> Any:
+        for k in ("partition", "account", "qos"):
+            if isinstance(data, dict) and k in data:
+                raise ConfigError(
+                    f"slurm.{k}: cluster options stay out of the study; give it at submit time: "
+                    f"SBATCH_{k.upper()} in the environment (docs/slurm.md)"
+                )
+        return data
 
     @property
     def ranks(self) -> int:
@@ -87,58 +97,13 @@ class Slurm(Section):
         return [f"#SBATCH {o}" for o in opts if o]
 
 
-def slurm_options(w: Where, spec: Any) -> tuple[dict[str, Any] | None, bool, int | None]:
-    """A study's `slurm:` -> (the header's fields, array, max_running); the header must hold
-    on its own (a grid's `slurm:` changes it per run)."""
-    if spec is None:
-        return None, False, None
-    if not isinstance(spec, dict):
-        raise w.error("slurm", f"{spec!r} is not a mapping", "e.g. {nodes: 4, gpus_per_node: 8}")
-    spec = dict(spec)
-    array = spec.pop("array", False)
-    max_running = spec.pop("max_running", None)
-    if not isinstance(array, bool):
-        raise w.error("slurm array", f"{array!r}", "write true or false")
-    if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
-        raise w.error("slurm max_running", f"{max_running!r}", "give a positive integer (%N)")
-    parse_slurm(w, spec, "slurm")
-    return spec, array, max_running
+class StudySlurm(Slurm):
+    """A study's `slurm:`: the header of its runs' job scripts, and how they are submitted."""
+
+    array: Bool = False
+    """One Slurm job array for the study's runs instead of a script per run."""
+    max_running: Int | None = Field(None, ge=1)
+    """With array: at most N of the study's runs at once (%N)."""
 
 
-def parse_slurm(w: Where, spec: dict[str, Any], where: str) -> Slurm:
-    """A Slurm header from a study's fields; cluster options refused (they are the site's)."""
-    for k in ("partition", "account", "qos"):
-        if k in spec:
-            raise w.error(
-                f"{where} {k}",
-                "cluster options stay out of the study",
-                f"give it at submit time: SBATCH_{k.upper()} in the environment (docs/slurm.md)",
-            )
-    try:
-        slurm = from_dict(Slurm, spec, "slurm")
-        slurm.check()
-    except ConfigError as e:
-        raise w.error(where, str(e), "fix the Slurm layout (docs/slurm.md)") from None
-    except ValueError as e:
-        raise w.error(where, str(e), "lengthen time or shorten signal_margin_s") from None
-    return slurm
-
-
-def planned_slurm(
-    w: Where, slurm: Slurm, row: dict[str, Any] | None, gpu: str, where: str
-) -> Slurm:
-    """A run's header with its planned time limit (a plan file's row); a run the plan says
-    does not fit the study's GPU is refused."""
-    if row is None:  # not planned yet: the layout's own time limit
-        return slurm
-    if not row.get(f"fits_{gpu}", True):
-        raise w.error(
-            where,
-            f"the plan file says it does not fit an {gpu.upper()} ({row['train_peak_gib']} GiB per GPU)",
-            "change its micro batch or recompute, then re-plan: pretrain-plan --paper --write",
-        )
-    hours = time_limit_hours(row["run_hours"] * row["executed_flops"] / row["model_flops"])
-    return slurm.replace(time=f"{hours}:00:00")
-
-
-__all__ = ["Slurm", "parse_slurm", "planned_slurm", "slurm_options", "time_limit_s"]
+__all__ = ["Slurm", "StudySlurm", "time_limit_s"]

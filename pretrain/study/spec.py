@@ -24,6 +24,7 @@ from pretrain.config import (
     set_key,
     to_dict,
 )
+from pretrain.slurm_limits import time_limit_hours
 from pretrain.study.file import (
     GENERATED,
     LABEL,
@@ -43,7 +44,7 @@ from pretrain.study.file import (
     shown_path,
 )
 from pretrain.study.runs import Study, StudyRun, as_array, relative_path
-from pretrain.study.slurm import Slurm, parse_slurm, planned_slurm, slurm_options
+from pretrain.study.slurm import Slurm
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,13 @@ class _Loader:
         for k, v in self.layout.items():
             if not v:
                 raise w.error(f"layout {k}", f"{v!r} is not a template", "e.g. runs/{name}")
-        self.slurm_spec, self.array, self.max_running = slurm_options(w, file.slurm)
+        # The header's fields as given (a grid's `slurm:` changes them); the header alone holds.
+        self.slurm_spec, self.header = None, None
+        self.array, self.max_running = False, None
+        if (slurm := file.slurm) is not None:
+            self.slurm_spec = slurm.model_dump(exclude={"array", "max_running"}, exclude_unset=True)
+            self.header = parse_slurm(w, self.slurm_spec, "slurm")
+            self.array, self.max_running = slurm.array, slurm.max_running
         self.plan = self._plan_file()
         self.exclude = self._exclude("exclude", file.exclude)
         self.grids = self._grids()
@@ -194,7 +201,7 @@ class _Loader:
                 "grid", "no runs: every combination is excluded", "loosen exclude: or add values"
             )
         self._check_unique(runs)
-        slurm = None if self.slurm_spec is None else parse_slurm(self.w, self.slurm_spec, "slurm")
+        slurm = self.header
         study_file = relative_path(self.path, self.repo)
         headers = self.file.headers
         study = Study(
@@ -438,3 +445,32 @@ def written_config(compact: dict[str, Any], config_path: str) -> dict[str, Any]:
 
 def _matches(rule: Labels, picked: dict[str, str]) -> bool:
     return all(picked.get(a) in labels for a, labels in rule.items())
+
+
+def parse_slurm(w: Where, spec: dict[str, Any], where: str) -> Slurm:
+    """A Slurm header from a study's fields (a grid's changes merged in)."""
+    try:
+        slurm = from_dict(Slurm, spec, "slurm")
+        slurm.check()
+    except ConfigError as e:
+        raise w.error(where, str(e), "fix the Slurm layout (docs/slurm.md)") from None
+    except ValueError as e:
+        raise w.error(where, str(e), "lengthen time or shorten signal_margin_s") from None
+    return slurm
+
+
+def planned_slurm(
+    w: Where, slurm: Slurm, row: dict[str, Any] | None, gpu: str, where: str
+) -> Slurm:
+    """A run's header with its planned time limit (a plan file's row); a run the plan says
+    does not fit the study's GPU is refused."""
+    if row is None:  # not planned yet: the layout's own time limit
+        return slurm
+    if not row.get(f"fits_{gpu}", True):
+        raise w.error(
+            where,
+            f"the plan file says it does not fit an {gpu.upper()} ({row['train_peak_gib']} GiB per GPU)",
+            "change its micro batch or recompute, then re-plan: pretrain-plan --paper --write",
+        )
+    hours = time_limit_hours(row["run_hours"] * row["executed_flops"] / row["model_flops"])
+    return slurm.replace(time=f"{hours}:00:00")
