@@ -71,7 +71,13 @@ def _tree(root: Path) -> tuple[frozenset[str], frozenset[str]]:
     pretrain/train/engine.py, that path, train/engine.py and engine.py), outputs left out."""
     folders, tails = set(), set()
     for top, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in NOT_OURS and not d.endswith(".egg-info")]
+        # Every environment the Makefile builds (.venv-latest, .venv-hf-newest, ...) too: the
+        # packages inside would pass `torch/x.py` or `path/to/x.json` off as our files.
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in NOT_OURS and not d.startswith(".venv") and not d.endswith(".egg-info")
+        ]
         folders.update(dirs)
         rel = Path(top).relative_to(root).parts
         for name in files:

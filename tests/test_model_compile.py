@@ -156,7 +156,9 @@ def test_compile_auto_trains_eager_on_cpu_and_compiling_by_blocks_trains_alike(
 @pytest.mark.parametrize(
     "changes",
     [
-        {"rope_fraction": 0.1, "qk_norm": True},  # the paper's Llama shape, with QK-Norm
+        # the paper's Llama shape, with QK-Norm, in bf16 weights (DeepSpeed's) and the first
+        # block recomputed: both block paths in the one graph
+        {"rope_fraction": 0.1, "qk_norm": True, "bf16": True, "recompute": 1},
         # Pythia's, with a NoPE layer among RoPE ones
         {
             "block": "parallel",
@@ -168,7 +170,7 @@ def test_compile_auto_trains_eager_on_cpu_and_compiling_by_blocks_trains_alike(
         },
         {"rope_fraction": 1.0, "rope_pairs": {"strategy": "uniform", "pairs": 2}},
     ],
-    ids=["llama-10pct-qk-norm", "parallel-nope-layer", "rope-pairs"],
+    ids=["llama-10pct-qk-norm-bf16-recompute", "parallel-nope-layer", "rope-pairs"],
 )
 def test_the_training_step_compiles_to_one_graph(changes):
     """torch.compile traces the whole training forward as one graph: a graph break splits
@@ -190,7 +192,12 @@ def test_the_training_step_compiles_to_one_graph(changes):
         norm="rmsnorm",
         mlp="swiglu",
     )
+    changes = dict(changes)
+    bf16, recompute = changes.pop("bf16", False), changes.pop("recompute", 0)
     model = Transformer(ModelConfig(**{**base, **changes})).train()
+    model.gradient_checkpointing = recompute
+    if bf16:
+        model.to(torch.bfloat16)
     x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
     explained = dynamo.explain(lambda x: model(x, targets=x, z_loss=1e-4).loss)(x)
     reasons = [b.reason.splitlines()[0] for b in explained.break_reasons]

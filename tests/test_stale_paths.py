@@ -56,3 +56,15 @@ def test_a_planted_name_of_a_missing_file_is_caught_with_its_line():
         Stale("docs/planted.md", 3, "img/no_such_plot.png"),
         Stale("docs/planted.md", 6, "tools/no_such_tool.py"),
     ]
+
+
+def test_the_environments_make_builds_are_not_the_repositorys_folders(tmp_path):
+    """After `make test-latest`, .venv-latest/ holds torch/ and the like: a comment naming
+    another project's torch/x.py must not turn into a missing file of ours."""
+    (tmp_path / "pretrain").mkdir()
+    (tmp_path / ".venv-latest" / "lib" / "torch").mkdir(parents=True)
+    (tmp_path / ".venv-latest" / "lib" / "torch" / "y.py").write_text("")
+    planted = '"""As torch/x.py does, and as pretrain/gone.py did."""\n'
+    assert stale_in(tmp_path / "pretrain" / "m.py", planted, tmp_path) == [
+        Stale("pretrain/m.py", 1, "pretrain/gone.py")
+    ]
