@@ -353,6 +353,8 @@ def config_error(
         # The field's own interval when this is one of its ends; an item's bound on its own.
         text = bounds_text(own) if op in own else bounds_text({op: bound})
         return ConfigError(f"{key}={value!r} must be {text}{hint}")
+    if kind == "string_pattern_mismatch":
+        return ConfigError(f"{key}={value!r} has the wrong form{hint}")
     if kind in ("too_short", "too_long"):
         return ConfigError(f"{key}={value!r} has the wrong number of items")
     problem = _PROBLEMS.get(kind.split("_")[0], err["msg"].lower())

@@ -38,7 +38,6 @@ from train_support import LAUNCH_VARS, prepare_stdlib, run_main, tiny_config, wr
 REPO = Path(__file__).resolve().parents[1]
 
 from pretrain.study import load_study  # noqa: E402
-from pretrain.study.file import Headers  # noqa: E402
 from pretrain.study.runs import Study, StudyRun  # noqa: E402
 from pretrain.study.slurm import Slurm  # noqa: E402
 from pretrain.study.write import render_run_script  # noqa: E402
@@ -79,7 +78,6 @@ def job_script(name: str, description: str, slurm: Slurm, config: Path) -> str:
         out_dir=config.parent,
         slurm=slurm,
         repo=config.parent,
-        headers=Headers(generated="Written for the Slurm tests."),
     )
     return render_run_script(study, run)
 

@@ -97,7 +97,7 @@ def test_drift_is_detected(tmp_path, capsys):
     assert len(written) == 50 + 50 + 18 + 1 + 2  # configs, scripts, arrays
     assert stale_files(studies, tmp_path) == []
     assert [rel for study in studies for rel in write_study(study, tmp_path)] == []
-    paper, char = studies[0].headers.generated, studies[1].headers.generated
+    paper, char = studies[0].generated, studies[1].generated
     script = tmp_path / "slurm" / "llama1b_rope10.sh"
     script.write_text(script.read_text().replace("--nodes=4", "--nodes=2"))
     (tmp_path / "configs" / "paper" / "llama8b_rope50.yaml").unlink()
@@ -132,34 +132,6 @@ def test_drift_is_detected(tmp_path, capsys):
         study_main(["write", str(tmp_path / "studies" / "nanogpt_rope_enwik8.yaml"), "--check"])
         == 0
     )
-
-
-def test_a_study_of_ones_own_can_write_its_own_headers(tmp_path):
-    """`headers:` (docs/studies.md): a study's own comment lines and `generated` mark."""
-    study_checkout(tmp_path)
-    path = tmp_path / "studies" / "nanogpt_rope_enwik8.yaml"
-    path.write_text(
-        path.read_text()
-        + "headers:\n"
-        + "  generated: made by hand\n"
-        + '  config: "# {name} ({study}): {generated}\\n"\n'
-        + '  script: "# {name}: sbatch {script}\\n"\n'
-    )
-    study = load_study(path)
-    assert study.headers.generated == "made by hand"
-    assert write_study(study, tmp_path) == [
-        "configs/char/nanogpt_rope_enwik8.yaml",
-        "slurm/nanogpt_rope_enwik8.sh",
-    ]
-    config = (tmp_path / "configs" / "char" / "nanogpt_rope_enwik8.yaml").read_text()
-    assert config.startswith(
-        "# nanogpt_rope_enwik8 (nanogpt_rope_enwik8): made by hand\ninherit:\n"
-    )
-    script = (tmp_path / "slurm" / "nanogpt_rope_enwik8.sh").read_text()
-    assert script.startswith(
-        "#!/bin/bash\n# nanogpt_rope_enwik8: sbatch slurm/nanogpt_rope_enwik8.sh\n#SBATCH "
-    )
-    assert stale_files([study], tmp_path) == []
 
 
 def test_grid_has_every_run_of_the_paper():
@@ -405,9 +377,18 @@ def test_job_script_header_and_command(run):
 
 def test_signal_margin_must_fit_in_the_time_limit():
     # sbatch's formats (man sbatch, --time)
-    assert [
-        time_limit_s(t) for t in ("30", "10:00", "01:30:00", "2-00:00:00", "1-6", "1-6:30")
-    ] == [1800, 600, 5400, 172800, 86400 + 6 * 3600, 86400 + 6 * 3600 + 1800]
+    forms = ("30", "10:00", "01:30:00", "2-00:00:00", "1-6", "1-6:30")
+    assert [time_limit_s(t) for t in forms] == [
+        1800,
+        600,
+        5400,
+        172800,
+        86400 + 6 * 3600,
+        86400 + 6 * 3600 + 1800,
+    ]
+    assert [Slurm(time=t, signal_margin_s=1).time for t in forms] == list(forms)
+    with pytest.raises(ValueError, match="slurm.time='1:00:00:00' has the wrong form"):
+        Slurm(time="1:00:00:00")
     with pytest.raises(ValueError, match="signal_margin_s=600"):
         Slurm(time="00:10:00").lines("x")
     assert "#SBATCH --signal=B:USR1@600" in Slurm(time="00:10:01").lines("x")

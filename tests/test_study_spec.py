@@ -253,11 +253,13 @@ REFUSALS = [
         "known keys of axes.theta: key, keys, values, labels, text",
     ),
     (
-        "unknown-field-in-a-union",  # the mistake is the key, not seeds' type
-        _set("seeds", {"valuse": [1]}),
-        "unknown key seeds.valuse (did you mean seeds.values?)",
-        "known keys of seeds: values, key",
+        "unknown-field-beside-a-bad-value",  # the mistake to report is the key
+        _set("slurm", {"nodes": 0, "nodse": 1}),
+        "unknown key slurm.nodse (did you mean slurm.nodes?)",
+        "known keys of slurm: nodes, gpus_per_node",
     ),
+    ("seeds-empty", _set("seeds", []), "seeds=[] has the wrong number of items", "docs"),
+    ("seeds-not-a-list", _set("seeds", {"values": [1]}), "seeds={'values': [1]}", "docs"),
     ("axis-not-a-mapping", _set("axes/theta", 5), "axes.theta=5 must be a mapping", "docs"),
     ("no-config", _set("config", DELETE), "config: missing", "give the base config"),
     (
@@ -384,8 +386,14 @@ REFUSALS = [
     (
         "signal-margin",
         _set("slurm/signal_margin_s", 3600),
-        "slurm: Slurm signal_margin_s=3600 is not below the time limit 1:00:00",
+        "slurm.signal_margin_s=3600 is not below slurm.time=1:00:00",
         "lengthen time or shorten signal_margin_s",
+    ),
+    (
+        "slurm-time-form",
+        _set("slurm/time", "1h"),
+        "slurm.time='1h' has the wrong form (MM, HH:MM:SS or D-HH:MM:SS)",
+        "see docs/studies.md",
     ),
     (
         "template-field",

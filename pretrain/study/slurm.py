@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from pretrain.schema import Bool, ConfigError, Int, Section
+from pretrain.schema import Bool, ConfigError, Hint, Int, Section
 from pretrain.slurm_limits import time_limit_s
 
 # The header's log path when nothing else is asked for; a job array's tasks get their own log
@@ -31,7 +31,9 @@ class Slurm(Section):
     """Processes per node; null: one per GPU."""
     cpus_per_task: Int | None = 8
     """Cores per process (data loader workers need them; many sites bind tasks)."""
-    time: str = "24:00:00"
+    time: Annotated[str, Hint("MM, HH:MM:SS or D-HH:MM:SS")] = Field(
+        "24:00:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$"
+    )
     """Time limit per job; a longer run requeues itself and resumes. A planned run takes its planned hours."""
     signal_margin_s: Int = 600
     """USR1 to the batch shell this long before the time limit (a checkpoint, then requeue)."""
@@ -65,16 +67,18 @@ class Slurm(Section):
     def tasks_per_node(self) -> int:
         return self.ntasks_per_node or self.gpus_per_node or 1
 
-    def check(self) -> None:
+    @model_validator(mode="after")
+    def _margin_within_time(self) -> Slurm:
         if self.signal_margin_s >= time_limit_s(self.time):
-            raise ValueError(
-                f"Slurm signal_margin_s={self.signal_margin_s} is not below the time limit "
-                f"{self.time}: the job would be told to stop as it starts"
+            raise ConfigError(
+                f"slurm.signal_margin_s={self.signal_margin_s} is not below slurm.time="
+                f"{self.time}: the job would be told to stop as it starts; lengthen time or "
+                f"shorten signal_margin_s"
             )
+        return self
 
     def lines(self, job_name: str, array: str | None = None) -> list[str]:
         """The #SBATCH lines; `array`: a job array's index range (`0-53%8`)."""
-        self.check()
         output = (
             ARRAY_OUTPUT if array is not None and self.output == DEFAULT_OUTPUT else self.output
         )

@@ -10,7 +10,6 @@ from pathlib import Path
 import yaml
 
 from pretrain.run_layout import atomic_write
-from pretrain.study.file import Where, render_template
 from pretrain.study.runs import Study, StudyRun, as_array, relative_path
 from pretrain.study.slurm import time_limit_s
 
@@ -27,22 +26,9 @@ _Dumper.add_representer(
 )
 
 
-def _header(study: Study, run: StudyRun, which: str, name: str) -> str:
-    """The comment lines of `headers.config` or `headers.script`, newline-terminated."""
-    assert study.headers is not None  # load_study always sets them
-    fields = {
-        "name": name,
-        "stem": run.stem or run.name,
-        "description": run.description,
-        "config": run.config_path,
-        "script": run.script_path or study.array_script or "",
-        "study": study.name,
-        "study_file": relative_path(study.path, study.repo),
-        "generated": study.headers.generated,
-    }
-    template = getattr(study.headers, which)
-    text = render_template(Where(study.path), f"headers {which}", template, fields)
-    return text if not text or text.endswith("\n") else text + "\n"
+def _header(study: Study, run: StudyRun, name: str) -> list[str]:
+    """The comment lines above a written config or a job script's #SBATCH lines."""
+    return [f"# {name}: {run.description}.", f"# {study.generated}"]
 
 
 def _launch_args(run: StudyRun) -> str:
@@ -57,7 +43,7 @@ def render_run_config(study: Study, run: StudyRun) -> str:
     """The config file of a run: the header's comment lines, then the YAML."""
     name = run.stem if run.overrides else run.name  # a shared file is the group's
     text = yaml.dump(run.config_file, Dumper=_Dumper, sort_keys=False, width=100)
-    return _header(study, run, "config", name) + text
+    return "\n".join([*_header(study, run, name), text])
 
 
 def render_run_script(study: Study, run: StudyRun) -> str:
@@ -66,7 +52,8 @@ def render_run_script(study: Study, run: StudyRun) -> str:
     return "\n".join(
         [
             "#!/bin/bash",
-            *_header(study, run, "script", run.name).splitlines(),
+            *_header(study, run, run.name),
+            f"# Submit from the repository root: sbatch {run.script_path} [--set key=value ...]",
             *run.slurm.lines(run.job_name),
             "",
             f'exec {LAUNCH} {_launch_args(run)} "$@"',
@@ -77,7 +64,7 @@ def render_run_script(study: Study, run: StudyRun) -> str:
 
 def render_array_script(study: Study) -> str:
     """One sbatch script for every run: task i runs the study's run i (in `plan`'s order)."""
-    assert study.array_script is not None and study.headers is not None
+    assert study.array_script is not None
     n = len(study.runs)
     cap = f"%{study.max_running}" if study.max_running else ""
     # One header for every task: the study's layout at the longest time of its runs.
@@ -86,7 +73,7 @@ def render_array_script(study: Study) -> str:
     lines = [
         "#!/bin/bash",
         f"# {study.name}: {study.description or 'a study'}; a Slurm job array of {n} runs.",
-        f"# {study.headers.generated}",
+        f"# {study.generated}",
         f"# Submit from the repository root: sbatch {study.array_script} [--set key=value ...]",
         "# Task i trains run i of `python tools/study.py list "
         f"{relative_path(study.path, study.repo)}` (the case below names each).",
@@ -154,7 +141,7 @@ def stale_files(
     bad = [
         p for p, text in want.items() if not (repo / p).is_file() or (repo / p).read_text() != text
     ]
-    marks = {s.headers.generated for s in studies if s.headers is not None}
+    marks = {s.generated for s in studies}
     for d in sorted({str(Path(p).parent) for p in want}):
         for path in sorted((repo / d).glob("*")):
             rel = path.relative_to(repo).as_posix()
