@@ -318,8 +318,8 @@ REFUSALS = [
     ),
     (
         "zip-lengths",
-        lambda d: d.update(zip=["theta", {"lr": ["hi"]}]),
-        "grid zip: the zipped axes have different numbers of values theta: 2, lr: 1",
+        lambda d: d.update(product=[{"zip": ["theta", {"lr": ["hi"]}]}]),
+        "grid product zip: the zipped axes have different numbers of values theta: 2, lr: 1",
         "give every zipped axis the same number of values",
     ),
     (

@@ -120,8 +120,6 @@ class GridSpec(Section):
     """Template of a run's description."""
     product: list[Any] | None = Field(None, min_length=1)
     """The product of its entries (an axis, {AXIS: [labels]}, {zip: [a, b]}); default: every axis."""
-    zip: list[Any] | None = Field(None, min_length=1)
-    """Shorthand for product: [{zip: [...]}]."""
     exclude: list[dict[str, Labels]] | None = None
     """Combinations left out: each AXIS: label or AXIS: [labels]; one that matches no run is refused."""
     slurm: dict[str, Any] | None = None
@@ -158,7 +156,7 @@ class StudyFile(GridSpec):
     axes: dict[str, AxisSpec] | None = None
     """AXIS: {key: K, values: [...]} (one config key), {keys: [a, b], values: ...} (keys moved together) or {values: {LABEL: {config.key: value}}} (settings per value); labels:, text: {LABEL: words}."""
     grids: list[GridSpec] | None = Field(None, min_length=1)
-    """Several grids, each with its own product (or zip), run_name, run_description, exclude and slurm changes."""
+    """Several grids, each with its own product, run_name, run_description, exclude and slurm changes."""
     seeds: list[Int] | None = Field(None, min_length=1)
     """[1, 2, 3]: every combination once per seed, its `train.seed` (runs named STEM_sSEED)."""
     rules: dict[str, Any] | None = None

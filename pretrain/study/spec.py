@@ -142,19 +142,15 @@ class _Loader:
     def _grids(self) -> tuple[Grid, ...]:
         if self.file.grids is None:
             return (self._grid("grid", GridSpec()),)
-        if {"product", "zip"} & self.file.model_fields_set:
+        if "product" in self.file.model_fields_set:
             raise self.w.error("product", "given beside grids:", "put it inside one of the grids")
         return tuple(self._grid(f"grids[{i}]", g) for i, g in enumerate(self.file.grids))
 
     def _grid(self, where: str, own: GridSpec) -> Grid:
         # Grid fields given at the top are every grid's (exclude: and slurm: are the study's).
-        shared = ("run_name", "run_description", "product", "zip")
+        shared = ("run_name", "run_description", "product")
         g = {k: getattr(x, k) for x in (self.file, own) for k in shared if k in x.model_fields_set}
-        if g.get("product") is not None and g.get("zip") is not None:
-            raise self.w.error(where, "both product and zip", "write product: [..., {zip: [...]}]")
-        if g.get("zip") is not None:
-            entries = parse_entries(self.w, where, [{"zip": g["zip"]}], self.axes)
-        elif g.get("product") is not None:
+        if g.get("product") is not None:
             entries = parse_entries(self.w, f"{where} product", g["product"], self.axes)
         else:
             entries = [[((a, lab),) for lab in axis] for a, axis in self.axes.items()]
