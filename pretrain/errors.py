@@ -16,6 +16,3 @@ class UserError(Exception):
     """An error in what the user gave (config, flag, path, data, checkpoint choice)."""
 
     label = "error"  # the one line's prefix: `error: ...`, `config error: ...`
-
-
-__all__ = ["UserError"]

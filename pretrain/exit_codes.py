@@ -24,13 +24,3 @@ EXIT_PREEMPTED = 99
 EXIT_HUNG = 124
 # 128 + SIGKILL: what a test's kill point (pretrain/faults.py) ends with, as kill -9 would.
 EXIT_KILLED = 137
-
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_HUNG",
-    "EXIT_KILLED",
-    "EXIT_MORE",
-    "EXIT_OK",
-    "EXIT_PREEMPTED",
-    "EXIT_USER_ERROR",
-]

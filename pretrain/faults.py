@@ -163,20 +163,3 @@ class DataFaults:
         if fault.kind == "inf_grads":
             return loss, loss * float("inf")
         return loss, loss * fault.factor  # scale_grads
-
-
-__all__ = [
-    "FAIL_ENV",
-    "KILL_ENV",
-    "PAUSE_ENV",
-    "POINTS",
-    "PREPARE_POINTS",
-    "RESHARD_POINTS",
-    "ROLLBACK_POINTS",
-    "SAVE_POINTS",
-    "DataFaults",
-    "block_forever",
-    "die",
-    "fault_point",
-    "kill_requested",
-]

@@ -88,14 +88,3 @@ def checkpoint_files(folder: Path) -> list[str]:
         for p in folder.rglob("*")
         if p.is_file() and p.name != STATE_FILE
     )
-
-
-__all__ = [
-    "UNVERIFIED",
-    "check_file",
-    "checkpoint_files",
-    "crc32_file",
-    "file_record",
-    "is_unverified",
-    "verify_checkpoint",
-]

@@ -21,5 +21,3 @@ LAUNCH_VARS = (
     "GROUP_RANK",
     "ROLE_RANK",
 )
-
-__all__ = ["LAUNCH_VARS"]

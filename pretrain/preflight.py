@@ -130,6 +130,3 @@ def check_downstream_data(cfg: Config) -> None:
             raise ConfigError(
                 f"downstream.tasks: {e}, or leave {task} out of downstream.tasks"
             ) from None
-
-
-__all__ = ["check_compile", "check_downstream_data", "check_fp8", "check_wandb", "preflight"]

@@ -182,28 +182,3 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         if isinstance(row, dict) and "step" in row:
             rows.append(row)
     return rows
-
-
-__all__ = [
-    "CHECKPOINTS_DIR",
-    "CheckpointSaveError",
-    "CONFIG_FILE",
-    "DELETING_SUFFIX",
-    "EVAL_DIR",
-    "HANG_DIR",
-    "LATEST_FILE",
-    "METRICS_FILE",
-    "RNG_DIR",
-    "ROLLBACKS_FILE",
-    "STATE_FILE",
-    "TENSORBOARD_DIR",
-    "TMP_SUFFIX",
-    "UNIVERSAL_DIR",
-    "RunLayout",
-    "atomic_write",
-    "fsync_dir",
-    "fsync_tree",
-    "read_metrics",
-    "step_tag",
-    "tag_step",
-]

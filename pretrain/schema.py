@@ -359,28 +359,3 @@ def config_error(
         return ConfigError(f"{key}={value!r} has the wrong number of items")
     problem = _PROBLEMS.get(kind.split("_")[0], err["msg"].lower())
     return ConfigError(f"{key}={value!r} {problem}{hint if kind == 'finite_number' else null}")
-
-
-__all__ = [
-    "Bool",
-    "ConfigError",
-    "Float",
-    "Hint",
-    "Int",
-    "Seconds",
-    "Section",
-    "admits_none",
-    "bounds_text",
-    "config_error",
-    "did_you_mean",
-    "field_bounds",
-    "from_dict",
-    "int_choice",
-    "section_of",
-    "sections",
-    "to_dict",
-    "type_name",
-    "validate_section",
-    "yaml_key",
-    "yaml_keys",
-]

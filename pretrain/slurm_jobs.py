@@ -184,6 +184,3 @@ def sbatch(args: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> 
     if out.returncode != 0:
         raise SlurmError(f"sbatch {' '.join(args)}: {_why(out.stderr) or out.returncode}")
     return out.stdout.strip().split(";")[0]
-
-
-__all__ = ["SlurmError", "SlurmJob", "finished_jobs", "queued_jobs", "sbatch", "slurm_unreachable"]

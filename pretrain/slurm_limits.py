@@ -30,6 +30,3 @@ def time_limit_s(text: str) -> int:
     if len(parts) == 1:
         return parts[0] * 60
     return sum(p * 60**i for i, p in enumerate(reversed(parts)))
-
-
-__all__ = ["SLURM_MARGIN", "SLURM_MAX_HOURS", "time_limit_hours", "time_limit_s"]

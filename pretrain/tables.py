@@ -74,6 +74,3 @@ def pipe_table(
         disable_numparse=True,
         preserve_whitespace=True,
     )
-
-
-__all__ = ["Align", "pipe_table", "text_table"]

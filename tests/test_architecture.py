@@ -354,18 +354,49 @@ def test_public_functions_are_defined_once():
     assert not dupes
 
 
-def test_all_is_the_last_statement():
-    bad = []
-    for mod in MODULES.values():
-        body = ast.parse(mod.path.read_text()).body
-        for i, node in enumerate(body):
-            if (
-                isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
-                and i != len(body) - 1
-            ):
-                bad.append(mod.name)
+def _all_problem(source: str, package: bool) -> str | None:
+    """What is wrong with a module's `__all__`, if anything: it declares the names a module
+    re-exports (a package's `__init__`, a facade such as pretrain/config.py), as its last
+    statement. A name the module defines is public by having no leading underscore; a list of
+    only those would say it a second time, and go stale the first time someone forgets it."""
+    body = ast.parse(source).body
+    found = [
+        i
+        for i, node in enumerate(body)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+    ]
+    if not found:
+        return None
+    if found[-1] != len(body) - 1:
+        return "__all__ is not the last statement"
+    defined = {
+        name.id
+        for node in body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for name in ast.walk(target)
+        if isinstance(name, ast.Name)
+    } | {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names = ast.literal_eval(body[-1].value)
+    if not package and all(name in defined for name in names):
+        return "__all__ lists only names defined here: remove it"
+    return None
+
+
+def test_all_declares_re_exports_only():
+    bad = {
+        m.name: problem
+        for m in MODULES.values()
+        if (problem := _all_problem(m.path.read_text(), m.path.name == "__init__.py"))
+    }
     assert not bad
+    # The rule itself, on modules made for it.
+    restated = "import os\ndef f(): ...\n__all__ = ['f']\n"
+    assert "remove it" in _all_problem(restated, package=False)
+    assert _all_problem(restated, package=True) is None  # a package's own public names
+    assert _all_problem("from os import sep\ndef f(): ...\n__all__ = ['f', 'sep']\n", False) is None
+    assert "last" in _all_problem("from os import sep\n__all__ = ['sep']\nx = 1\n", False)
 
 
 def test_recompute_is_not_called_checkpointing():

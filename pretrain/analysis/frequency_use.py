@@ -460,18 +460,3 @@ def write_frequency_use(use: FrequencyUse, out_dir: str | Path) -> list[Path]:
     record = json.dumps(use.to_dict(), indent=1, allow_nan=False) + "\n"
     atomic_write(out / JSON_NAME, record.encode(), fsync=False)
     return [out / JSON_NAME, plot_layers(use, out / LAYERS_PNG), plot_heads(use, out / HEADS_PNG)]
-
-
-__all__ = [
-    "HEADS_PNG",
-    "JSON_NAME",
-    "LAYERS_PNG",
-    "FrequencyUse",
-    "FrequencyUseMeter",
-    "LayerFrequencyUse",
-    "frequency_use",
-    "plot_heads",
-    "plot_layers",
-    "summary_table",
-    "write_frequency_use",
-]

@@ -520,24 +520,3 @@ def check_selection_tables(cfg: ModelConfig, name: str) -> list[CheckResult]:
 
 def _ok(ok: bool) -> str:
     return "ok" if ok else "MISMATCH"
-
-
-__all__ = [
-    "DEFAULT_KV_SEQ_LENS",
-    "DEFAULT_MODELS",
-    "KVCheck",
-    "KVRow",
-    "LayerKV",
-    "ModelKV",
-    "check_kv_cache",
-    "check_selection_tables",
-    "format_kv_check",
-    "format_kv_tables",
-    "kv_rows",
-    "layer_kv",
-    "model_kv",
-    "parse_latent_ranks",
-    "plot_kv",
-    "position_variants",
-    "selection_variants",
-]

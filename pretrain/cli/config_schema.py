@@ -152,6 +152,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"{'stale' if args.check else 'wrote'}: {names}" if stale else "up to date")
     return 0
-
-
-__all__ = ["field_table", "json_schemas", "main", "outputs", "render_doc"]

@@ -82,6 +82,3 @@ def check_vocab(vocab_size: int, tokenizer_vocab_size: int) -> None:
             f"model.vocab_size={vocab_size} is smaller than the tokenizer's vocabulary "
             f"({tokenizer_vocab_size}); set model.vocab_size={tokenizer_vocab_size}"
         )
-
-
-__all__ = ["DataConfig", "check_data_paths", "check_vocab"]

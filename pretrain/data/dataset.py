@@ -336,15 +336,3 @@ def make_loader(
         persistent_workers=False,
         prefetch_factor=4 if num_workers > 0 else None,
     )
-
-
-__all__ = [
-    "GlobalBatchSampler",
-    "TokenDataset",
-    "advise_random",
-    "bin_mappings",
-    "build_datasets",
-    "document_lengths",
-    "make_loader",
-    "read_token_stream",
-]

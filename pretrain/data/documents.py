@@ -125,14 +125,3 @@ class DocumentSwitches:
         if not self.eod_mask_loss or self.eod is None:
             return labels
         return labels.masked_fill(input_ids == self.eod, -100)
-
-
-__all__ = [
-    "MODEL_INPUT_KEYS",
-    "DocumentError",
-    "DocumentSwitches",
-    "attended_fraction",
-    "document_ids",
-    "document_positions",
-    "model_inputs_of",
-]

@@ -184,6 +184,3 @@ def build_on_ranks(build: Callable[[], Any], cache: Path) -> Any:
             )
     # Every rank now sees every file: the others load (rank 0 and the node copies are built).
     return _on_every_rank(lambda: built if built is not None else build(), rank, world)
-
-
-__all__ = ["build_on_ranks", "index_cache_dir", "single_process_rank"]

@@ -112,6 +112,3 @@ def build_data(cfg: Config, env: RankInfo, valid_samples: int) -> DataSource:
     tokenizer = tokenizer_for_data(cfg.data)
     check_vocab(cfg.model.vocab_size, tokenizer.vocab_size)
     return DataSource(train, valid, dataset.make_loader, tokenizer)
-
-
-__all__ = ["DataSource", "build_data", "prepare_recipe_data"]

@@ -214,14 +214,3 @@ def tokenizer_for_data(data: DataConfig) -> Tokenizer:
                 f"{tok.identifier}; use the tokenizer the data was prepared with"
             )
     return tok
-
-
-__all__ = [
-    "IDX_HEADER",
-    "DataError",
-    "Prefix",
-    "check_prefix",
-    "resolve_entry",
-    "resolve_split",
-    "tokenizer_for_data",
-]

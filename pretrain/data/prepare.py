@@ -275,6 +275,3 @@ def prepare(
         overwrite=overwrite,
         progress=progress,
     )
-
-
-__all__ = ["DEFAULT_DOCS_PER_UNIT", "DEFAULT_SHARD_TOKENS", "prepare", "run_units"]

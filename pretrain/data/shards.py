@@ -266,20 +266,3 @@ def overwrite_splits(output: Path, splits: Iterable[str]) -> None:
         d = output / name
         if d.is_dir():
             shutil.rmtree(d)
-
-
-__all__ = [
-    "FORMAT",
-    "MANIFEST",
-    "SKIPPED_KEYS",
-    "TOKENIZER_DIR",
-    "PrepareError",
-    "SplitWriter",
-    "check_existing",
-    "overwrite_splits",
-    "progress_summary",
-    "read_manifest",
-    "remove_stale",
-    "save_tokenizer",
-    "token_dtype",
-]

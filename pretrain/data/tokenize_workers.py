@@ -224,13 +224,3 @@ def _result(res, procs: list) -> dict:
                     f"a tokenizer worker process died ({how}; out of memory?); rerun "
                     f"the same command to resume, with fewer --workers if memory is short"
                 ) from None
-
-
-__all__ = [
-    "Interrupted",
-    "default_workers",
-    "encode_unit",
-    "encoded_units",
-    "in_valid",
-    "stop_on_signals",
-]

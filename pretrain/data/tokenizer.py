@@ -439,14 +439,3 @@ def load_tokenizer(spec: str | Path, eod_token: str | None = None) -> Tokenizer:
     if looks_like_path or spec_s.count("/") > 1:
         raise TokenizerError(f"tokenizer file not found: {spec_s}")
     return _load_hub(spec_s)
-
-
-__all__ = [
-    "ByteTokenizer",
-    "CharTokenizer",
-    "HFTokenizer",
-    "SentencePieceTokenizer",
-    "Tokenizer",
-    "TokenizerError",
-    "load_tokenizer",
-]

@@ -249,15 +249,3 @@ def evaluate(
     evaluated = [t for t in task_list if t not in outcome.skipped]
     write_report(outcome, label=label, tasks=evaluated, limit=limit, data_dir=data_dir)
     return outcome
-
-
-__all__ = [
-    "RESULTS_JSON",
-    "RESULTS_MD",
-    "VALID_JSON",
-    "EvalOutcome",
-    "default_output_dir",
-    "evaluate",
-    "valid_table",
-    "write_report",
-]

@@ -530,26 +530,3 @@ def markdown_report(
             parts += ["", f"## Welch t-tests against {baseline}, loss at each length", ""]
             parts += [welch_table(results, baseline) if results else none]
     return "\n".join(parts)
-
-
-__all__ = [
-    "COLUMNS",
-    "CompareError",
-    "Group",
-    "RunSummary",
-    "WelchResult",
-    "compare",
-    "group_runs",
-    "groups_table",
-    "length_key",
-    "length_welch_tests",
-    "lengths_table",
-    "markdown_report",
-    "position_curves",
-    "require_positions",
-    "runs_table",
-    "summarize_run",
-    "to_csv",
-    "welch_table",
-    "welch_tests",
-]

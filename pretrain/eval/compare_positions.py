@@ -183,15 +183,3 @@ def mean_curve(label: str, files: list[Positions], per_octave: int | None = None
         std=[statistics.stdev(v) for v in values] if len(files) > 1 else None,
         n=len(files),
     )
-
-
-__all__ = [
-    "NO_POSITIONS",
-    "PositionCurve",
-    "Positions",
-    "coarsen",
-    "length_titles",
-    "mean_curve",
-    "parse_positions",
-    "scaling_text",
-]

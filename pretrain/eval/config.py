@@ -48,6 +48,3 @@ class DownstreamConfig(Section):
                     f"{', '.join(offline)} (or the suite 'paper')"
                 )
         return self
-
-
-__all__ = ["DownstreamConfig"]

@@ -564,12 +564,3 @@ class PretrainLM(TemplateLM):
                     text = text.split(s)[0]
             out.append(text)
         return out
-
-
-__all__ = [
-    "ContinuationTooLong",
-    "PretrainLM",
-    "default_device",
-    "load_checkpoint",
-    "resolve_dtype",
-]

@@ -115,14 +115,3 @@ def valid_entries(config: dict[str, Any], valid_data: list[str] | None, where: P
     if not data.valid:
         raise LengthError(f"{where} has no data.valid; pass --val-data PREFIX_OR_FOLDER")
     return list(data.valid)
-
-
-__all__ = [
-    "LengthError",
-    "check_lengths",
-    "parse_lengths",
-    "parse_rope_scaling",
-    "scaling_tag",
-    "train_length",
-    "valid_entries",
-]

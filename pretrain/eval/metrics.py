@@ -170,12 +170,3 @@ def text_per_token(tok, valid, n: int = 256) -> dict[str, float]:
             ids = (valid[i]["input_ids"] for i in range(min(n, len(valid))))
             out[key] = bytes_per_token(tok, ids, unit)
     return out
-
-
-__all__ = [
-    "bytes_per_token",
-    "bytes_per_token_of_texts",
-    "evaluate_loss",
-    "loss_metrics",
-    "text_per_token",
-]

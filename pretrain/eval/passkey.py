@@ -481,26 +481,3 @@ def write_passkey(grid: PasskeyGrid, out_dir: str | Path) -> list[Path]:
         plot_passkey(grid, out_dir / PNG_FILE),
     ]
     return [Path(f) for f in files]
-
-
-__all__ = [
-    "CSV_FILE",
-    "FILLER",
-    "JSON_FILE",
-    "NEEDLE",
-    "PNG_FILE",
-    "QUESTION",
-    "PasskeyGrid",
-    "PasskeyPrompt",
-    "PasskeyTrial",
-    "answer_budget",
-    "build_prompt",
-    "first_number",
-    "minimum_length",
-    "parse_depths",
-    "passkey_keys",
-    "plot_passkey",
-    "run_passkey",
-    "score_prompt",
-    "write_passkey",
-]

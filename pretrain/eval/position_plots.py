@@ -160,13 +160,3 @@ def plot_position_curves(curves: list[Any], out: str | Path) -> Path:
         title_size=10,
     )
     return save_png(fig, out)
-
-
-__all__ = [
-    "PositionLine",
-    "curve_image",
-    "plot_position_curves",
-    "plot_positions",
-    "position_figure",
-    "position_x",
-]

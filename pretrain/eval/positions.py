@@ -327,23 +327,3 @@ def write_positions(record: dict[str, Any], out_dir: Path) -> list[Path]:
     atomic_write(files[1], positions_csv(record))
     files.append(plot_positions(record, out_dir / POSITIONS_PNG))
     return files
-
-
-__all__ = [
-    "Bucket",
-    "POSITIONS_CSV",
-    "POSITIONS_JSON",
-    "POSITIONS_PNG",
-    "LengthResult",
-    "PositionLosses",
-    "bucket_edges",
-    "merge_buckets",
-    "common_targets",
-    "evaluate_length",
-    "position_ranges",
-    "positions_record",
-    "positions_table",
-    "score_tokens",
-    "stream_windows",
-    "write_positions",
-]

@@ -50,6 +50,3 @@ class StopStrings:
         if not any(s in tail for s in self.until):
             return False
         return k == n or any(s in self.decode(ids) for s in self.until)
-
-
-__all__ = ["MARGIN", "StopStrings"]

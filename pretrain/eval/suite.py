@@ -283,16 +283,3 @@ def downstream_scalars(results: dict[str, Any], task_objs: dict[str, Any]) -> di
         if nbytes:
             out[f"{task}/bits_per_byte"] = nll / math.log(2) / nbytes
     return out
-
-
-__all__ = [
-    "NO_LOCAL_DATA",
-    "EvalError",
-    "choose_examples",
-    "downstream_scalars",
-    "harness_on",
-    "local_tasks",
-    "prepared_data_dir",
-    "run_harness",
-    "sample_loglikelihoods",
-]

@@ -81,14 +81,3 @@ def paper_tables(results: Mapping[str, Any], label: str = "model") -> str:
         ["model"] + [c[0] for c in PPL_COLUMNS], [[label] + _row(results, PPL_COLUMNS)]
     )
     return acc + "\n" + ppl
-
-
-__all__ = [
-    "MISSING",
-    "PAPER_COLUMNS",
-    "PPL_COLUMNS",
-    "fmt",
-    "markdown_table",
-    "metric",
-    "paper_tables",
-]

@@ -173,6 +173,3 @@ def evaluate_lengths(
         rope_scaling=to_dict(model.cfg.rope_scaling),
         source="validation stream",
     )
-
-
-__all__ = ["evaluate_lengths", "evaluate_validation"]

@@ -98,6 +98,3 @@ def fp8_stage(ctx: Context) -> dict[str, Any]:
         f"rounds after {s['warmup']} warm-up"
     ]
     return {"tables": {"fp8": rows}, "checks": checks, "notes": notes}
-
-
-__all__ = ["LOSS_TOLERANCE", "SPEEDUP_TARGET", "fp8_stage"]

@@ -410,21 +410,3 @@ def _same(name: str, measured: str, expected: str) -> dict[str, Any]:
     c = check(name, None, None)
     c.update(measured=measured, expected=expected, flagged=measured != expected)
     return c
-
-
-__all__ = [
-    "BACKEND_FAMILIES",
-    "CUDNN_FIRST",
-    "DEFAULT_PRIORITY",
-    "FAMILIES",
-    "Runtime",
-    "Shape",
-    "attention_shapes",
-    "kernel_family",
-    "kernels_stage",
-    "predicted_kernel",
-    "run_shape",
-    "shape_of",
-    "torch_priority",
-    "torch_selection",
-]

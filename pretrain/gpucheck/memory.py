@@ -232,13 +232,3 @@ def compile_stage(ctx: Context, name: str) -> dict[str, Any]:
             f"blocks / model step time {steps[True, 'blocks'] / steps[True, 'model']:.3f}"
         )
     return {"tables": tables, "checks": checks, "notes": notes}
-
-
-__all__ = [
-    "compile_stage",
-    "measure_plan",
-    "memory_stage",
-    "paper_config",
-    "picked_micro_batch",
-    "run_rows",
-]

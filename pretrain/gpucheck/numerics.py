@@ -84,6 +84,3 @@ def numerics_stage(ctx: Context) -> dict[str, Any]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     notes = [f"model: {reference.num_params():,} parameters, batch {tuple(x.shape)}"]
     return {"tables": {"numerics": rows}, "checks": checks, "notes": notes}
-
-
-__all__ = ["BOUNDS", "loss_and_grads", "numerics_stage"]

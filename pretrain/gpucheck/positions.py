@@ -96,6 +96,3 @@ def positions_stage(ctx: Context) -> dict[str, Any]:
         f"causal step {1e3 * base:.1f} ms; {s['rounds']} paired rounds after {s['warmup']} warm-up"
     ]
     return {"tables": {"positions": rows}, "checks": checks, "notes": notes}
-
-
-__all__ = ["SLOWDOWN_BOUND", "positions_stage", "variants"]

@@ -155,15 +155,3 @@ def update_docs(doc: Path, md: str) -> None:
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     atomic_write(doc, f"{head}{BEGIN}\n{md}{END}{tail}", fsync=False)
-
-
-__all__ = [
-    "BEGIN",
-    "END",
-    "TABLE_TITLES",
-    "check_line",
-    "cell",
-    "markdown",
-    "summary",
-    "update_docs",
-]

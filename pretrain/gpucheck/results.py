@@ -241,19 +241,3 @@ def check_schema(data: dict[str, Any], stages: list[Stage]) -> list[str]:
             if field not in result:
                 problems.append(f"stage {stage.name}: no {field!r}")
     return problems
-
-
-__all__ = [
-    "CHECK_FIELDS",
-    "DONE",
-    "RESULTS_JSON",
-    "RESULTS_MD",
-    "TABLES",
-    "TOLERANCE",
-    "ResultsFolder",
-    "Stage",
-    "at_most",
-    "check",
-    "check_schema",
-    "relative_error",
-]

@@ -253,13 +253,3 @@ def _report(opts: Options, stages: list, log) -> int:
     if opts.update_docs:
         _write_docs(data, stage_list, log)
     return EXIT_OK
-
-
-__all__ = [
-    "DOCS",
-    "Options",
-    "results_folder",
-    "run_check",
-    "selected",
-    "slug",
-]

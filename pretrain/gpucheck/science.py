@@ -164,16 +164,3 @@ def science_stage(ctx: Context) -> dict[str, Any]:
     ratio = speed[0]["ratio_to_default"]
     checks.append(check("generation time, theta 5000 / theta 10000 (paper: 1.8)", ratio, 1.0))
     return {"tables": {"science": rows, "science_speed": speed}, "checks": checks, "notes": notes}
-
-
-__all__ = [
-    "Deadline",
-    "PAPER_BEST_LOSS",
-    "PAPER_SLOWDOWN",
-    "THETAS",
-    "best_valid_loss",
-    "find_text",
-    "generation_speed",
-    "science_stage",
-    "train_one",
-]

@@ -253,18 +253,3 @@ def this_gpu(device: torch.device) -> tuple[GPU, str]:
     props = torch.cuda.get_device_properties(device)
     known = next((g for k, g in GPUS.items() if k in props.name.lower()), None)
     return GPU(props.name, props.total_memory, known.peak_flops if known else 989e12), "cuda"
-
-
-__all__ = [
-    "CHAR_CONFIG",
-    "Context",
-    "GPU_SIZES",
-    "MEMORY_CONFIGS",
-    "REPO",
-    "SMOKE_SIZES",
-    "Sizes",
-    "blocks_model",
-    "smoke_model_overrides",
-    "this_gpu",
-    "timed_step",
-]

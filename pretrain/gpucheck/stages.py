@@ -264,16 +264,3 @@ def all_stages() -> list[tuple[Stage, StageFn]]:
         science_stage,
     )
     return [out[name] for name in ORDER] + [science]
-
-
-__all__ = [
-    "BUDGETS",
-    "GPU_MARK",
-    "ORDER",
-    "StageFn",
-    "all_stages",
-    "gpu_test_files",
-    "peers_result",
-    "peers_stage",
-    "tests_stage",
-]

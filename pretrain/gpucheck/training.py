@@ -269,13 +269,3 @@ def measure_run(
         "profiled_step_s": probe.profiled_s,
         "first_step_s": probe.first_step_s,
     }
-
-
-__all__ = [
-    "GiB",
-    "Meter",
-    "Probe",
-    "measure_run",
-    "phase_times",
-    "run_config",
-]

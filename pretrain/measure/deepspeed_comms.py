@@ -122,6 +122,3 @@ def measure(configs: dict[str, Config], world_size: int, steps: int = 2) -> dict
         ]
         for name in configs
     }
-
-
-__all__ = ["COMMS_LOGGER", "Logged", "free_port", "measure", "run_steps"]

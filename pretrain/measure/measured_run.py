@@ -66,6 +66,3 @@ def measurement_config(
         "sample_prompts": [],
     }
     return from_dict(Config, data)
-
-
-__all__ = ["RandomTokens", "measurement_config"]

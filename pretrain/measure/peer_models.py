@@ -315,24 +315,3 @@ def make(implementation: str, base: nn.Module, compile_backend: str | None = Non
     if implementation == "litgpt":
         return litgpt_gpt(base, compile_backend)
     raise ValueError(f"unknown implementation {implementation!r}; one of {IMPLEMENTATIONS}")
-
-
-__all__ = [
-    "IMPLEMENTATIONS",
-    "PEERS",
-    "SHAPES",
-    "Contestant",
-    "Shape",
-    "family",
-    "litgpt_available",
-    "litgpt_config",
-    "litgpt_gpt",
-    "litgpt_state_dict",
-    "llama_config",
-    "make",
-    "ours",
-    "pythia_config",
-    "shape_config",
-    "transformers_peer",
-    "variant",
-]

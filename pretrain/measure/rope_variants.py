@@ -63,6 +63,3 @@ def build_variants(
                 raise RuntimeError(f"rope variant left tensors on meta: {left}")
             variants.append(Variant(theta, fraction, c.rope_dims, m.train()))
     return variants
-
-
-__all__ = ["Variant", "build_variants"]

@@ -474,14 +474,3 @@ class ModelConfig(Section):
             f"model.rope_scaling.type={s.type} needs more than 2 rotary dims (its exponent is "
             f"r/(r-2)); with 2 use linear or yarn",
         )
-
-
-__all__ = [
-    "PAIR_STRATEGIES",
-    "ROPE_SCALINGS",
-    "ModelConfig",
-    "RopePairsConfig",
-    "RopeScalingConfig",
-    "rotary_dims_from_fraction",
-    "strategy_pairs",
-]

@@ -206,14 +206,3 @@ def flex_document_attention(
         block_mask=block_mask,
         enable_gqa=k.shape[1] != q.shape[1],
     )
-
-
-__all__ = [
-    "FLEX_HEAD_DIMS",
-    "Backend",
-    "DocumentMask",
-    "causal_block_mask",
-    "dense_position_mask",
-    "document_attention_backend",
-    "flex_document_attention",
-]

@@ -241,13 +241,3 @@ def reference_cross_entropy(
     return F.cross_entropy(
         logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=ignore_index
     )
-
-
-__all__ = [
-    "IGNORE_INDEX",
-    "compute_dtype",
-    "default_chunk_tokens",
-    "linear_cross_entropy",
-    "reference_cross_entropy",
-    "token_losses",
-]

@@ -110,6 +110,3 @@ def make_norm(kind: str, dim: int, eps: float, bias: bool = False) -> nn.Module:
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=eps, bias=bias)
     raise ValueError(f"model.norm={kind!r} is unknown; use 'rmsnorm' or 'layernorm'")
-
-
-__all__ = ["RMSNorm", "make_norm", "rms_norm", "rms_norm_reference"]

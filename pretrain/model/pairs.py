@@ -102,6 +102,3 @@ def describe(p: RopePairsConfig, head_dim: int) -> str:
         at = f", layer {i} kv {g}: {','.join(map(str, kept))}"
     text = how.get(p.strategy, f"{p.strategy} {k}")
     return f"{n} of {head_dim // 2} pairs per KV head ({text}{at})"
-
-
-__all__ = ["describe", "resolve_pairs", "top_pairs", "usage_scores"]

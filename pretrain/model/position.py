@@ -254,12 +254,3 @@ class Positions(RotaryEmbedding):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, layers={[p.describe() for p in self.layers]}"
-
-
-__all__ = [
-    "LayerPosition",
-    "Positions",
-    "alibi_slopes",
-    "attended_pairs",
-    "layer_positions",
-]

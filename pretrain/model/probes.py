@@ -83,6 +83,3 @@ def attention_logit_maxima(model: Any, input_ids: torch.Tensor, block: int = BLO
             h.remove()
         module.train(was_training)
     return torch.stack(found)
-
-
-__all__ = ["BLOCK", "attention_logit_maxima", "causal_max_abs_logit", "max_attention_logits"]

@@ -65,6 +65,3 @@ def describe_recompute(layers: int, n_layers: int) -> str:
     if layers >= n_layers:
         return f"full ({n_layers} of {n_layers} layers)"
     return f"{layers} of {n_layers} layers"
-
-
-__all__ = ["AUTO", "KEY", "check_recompute", "describe_recompute", "recompute_layers"]

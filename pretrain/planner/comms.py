@@ -397,25 +397,3 @@ def collective_rows(collectives: list[Collective]) -> list[dict[str, Any]]:
         {"op": c.op, "bytes": c.size, "calls": c.calls, "phase": c.phase, "what": c.what}
         for c in collectives
     ]
-
-
-__all__ = [
-    "AFTER_BACKWARD",
-    "BACKWARD",
-    "LOG_STEP",
-    "STEP",
-    "Collective",
-    "EngineComms",
-    "Params",
-    "StepTime",
-    "engine_collectives",
-    "engine_comms",
-    "model_params",
-    "padded",
-    "step_collectives",
-    "step_metrics",
-    "collective_rows",
-    "step_time",
-    "trainer_collectives",
-    "trainer_time",
-]

@@ -42,6 +42,3 @@ def compiles(cfg: Config, target: str) -> bool | None:
     if value == "auto":
         return None if target == "cuda" else False
     return bool(value)
-
-
-__all__ = ["BYTES_PER_ACTIVATION_ELEMENT", "compiled_extra_bytes", "compiles"]

@@ -88,6 +88,3 @@ def downstream_cost(
     total = flops * evaluations
     share = total / train_flops
     return DownstreamCost(evaluations, flops, total, share, share * run_seconds, unplanned)
-
-
-__all__ = ["DOCUMENTS", "TOKENS_PER_DOCUMENT", "DownstreamCost", "downstream_cost"]

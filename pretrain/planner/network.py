@@ -125,16 +125,3 @@ def fabric(
     if not changed:
         return base
     return replace(base, name=base.name + " (with the user's figures)", **changed)
-
-
-__all__ = [
-    "ALL_GATHER",
-    "ALL_REDUCE",
-    "GB",
-    "HOPPER_IB",
-    "KINDS",
-    "REDUCE",
-    "REDUCE_SCATTER",
-    "Fabric",
-    "fabric",
-]

@@ -176,15 +176,3 @@ def paper_scaling(
             shapes[key] = model_params(cfg)
         out[Path(path).stem] = scaling(cfg, gpu, fabric, mfu, counts, shapes[key])
     return out
-
-
-__all__ = [
-    "COUNTS",
-    "EFFICIENCY_FLOOR",
-    "ScalePoint",
-    "at_scale",
-    "first_below",
-    "paper_scaling",
-    "point",
-    "scaling",
-]

@@ -120,6 +120,3 @@ def scaling_plot(results: dict[str, list[ScalePoint]], path: Path, title: str) -
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-__all__ = ["scaling_plot", "scaling_table"]

@@ -349,26 +349,3 @@ def parse_rules(w: Where, spec: dict[str, Any] | None) -> dict[str, Any]:
             fix = "a rule copies another config key, or looks its value up in a table"
             checked_key(w, where, how, fix + " (KEY: {FROM_KEY: {value: result}})")
     return dict(spec or {})
-
-
-__all__ = [
-    "LABEL",
-    "Axis",
-    "AxisSpec",
-    "AxisValue",
-    "Entry",
-    "GridSpec",
-    "Layout",
-    "StudyError",
-    "StudyFile",
-    "Where",
-    "parse_axis",
-    "labels_by_axis",
-    "parse_entries",
-    "checked_key",
-    "label_of",
-    "parse_rules",
-    "read_study_file",
-    "render_template",
-    "shown_path",
-]

@@ -309,6 +309,3 @@ def _last_line(log: Path) -> str:
         return "no log"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:200] if lines else "no output"
-
-
-__all__ = ["LocalExecutor", "local_gpus"]

@@ -356,14 +356,3 @@ def format_run_table(study: Study, markdown: bool = False) -> str:
     if markdown:
         return pipe_table(header, cells, align=["left"] + ["right"] * (len(header) - 1))
     return text_table(header, cells)
-
-
-__all__ = [
-    "PLAN_CACHE_DIR",
-    "PLAN_CACHE_VERSION",
-    "PlanFigures",
-    "format_plan_table",
-    "format_run_table",
-    "plan_rows",
-    "trace_sources",
-]

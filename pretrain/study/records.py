@@ -176,22 +176,3 @@ def keep_run_lock_from_children() -> None:
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):  # closed already: nothing to keep
         os.close(fd)
-
-
-__all__ = [
-    "RUN_LOCK_FD_VAR",
-    "LocalRecord",
-    "StudyBusyError",
-    "StudyUsageError",
-    "Submission",
-    "add_submission",
-    "keep_run_lock_from_children",
-    "state_dir",
-    "now_utc",
-    "read_local_record",
-    "read_submissions",
-    "run_lock_held",
-    "study_lock",
-    "take_run_lock",
-    "write_local_record",
-]

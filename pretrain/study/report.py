@@ -217,12 +217,3 @@ def write_study_report(
     report.markdown = "\n".join(lines).rstrip() + "\n"
     report.files.insert(0, atomic_write(out / "report.md", report.markdown, fsync=False))
     return report
-
-
-__all__ = [
-    "REPORT_DIR",
-    "StudyReport",
-    "baseline_pairs",
-    "parse_baseline",
-    "write_study_report",
-]

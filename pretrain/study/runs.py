@@ -86,6 +86,3 @@ def as_array(study: Study, max_running: int | None = None) -> Study:
         array=True,
         max_running=max_running if max_running is not None else study.max_running,
     )
-
-
-__all__ = ["Study", "StudyRun", "as_array", "relative_path"]

@@ -135,6 +135,3 @@ def _check_files(study: Study, repo: Path, runs: Sequence[StudyRun], slurm: bool
                 f"{len(files)} file(s) of the study {what} ({first_three(files)}); "
                 f"run: python tools/study.py write {relative_path(Path(study.path), repo)}"
             )
-
-
-__all__ = ["Echo", "Executor", "select_runs"]

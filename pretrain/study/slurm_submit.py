@@ -155,6 +155,3 @@ class SlurmSubmit(Executor):
 
 def _eval_job_name(run: StudyRun) -> str:
     return f"eval_{run.job_name}"
-
-
-__all__ = ["SlurmSubmit", "submit_to_slurm"]

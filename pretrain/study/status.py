@@ -312,18 +312,3 @@ def format_status_table(status: StudyStatus) -> str:
     if status.slurm_note:
         summary += f" ({status.slurm_note}; the run folders say)"
     return f"{table}\n{summary}"
-
-
-__all__ = [
-    "ACTIVE",
-    "SUBMITTABLE",
-    "State",
-    "RunProgress",
-    "StudyStatus",
-    "decide_state",
-    "duration",
-    "format_status_table",
-    "read_progress",
-    "run_folder",
-    "study_status",
-]

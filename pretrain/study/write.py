@@ -150,13 +150,3 @@ def stale_files(
             if any(m in path.read_text() for m in marks):
                 bad.append(rel)
     return bad
-
-
-__all__ = [
-    "render_array_script",
-    "render_run_config",
-    "render_run_script",
-    "stale_files",
-    "study_files",
-    "write_study",
-]

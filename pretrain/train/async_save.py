@@ -303,12 +303,3 @@ class AsyncWriter:
         out: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(out, obj, group=self.group)
         return out
-
-
-__all__ = [
-    "AsyncWriter",
-    "DeepSpeedFiles",
-    "HostBuffers",
-    "HostCopy",
-    "say",
-]

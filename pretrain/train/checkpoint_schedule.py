@@ -44,6 +44,3 @@ class CheckpointSchedule:
                 f"checkpoint:  {trainer.layout.checkpoints / step_tag(self.last_saved)} "
                 f"(weights: model.safetensors)"
             )
-
-
-__all__ = ["CheckpointSchedule"]

@@ -285,16 +285,3 @@ class WandbConfig(Section):
     """W&B tags"""
     mode: Literal["online", "offline", "disabled"] | None = None
     """online, offline (files under RUN/wandb/, `wandb sync` later) or disabled; null = `WANDB_MODE`, else online"""
-
-
-__all__ = [
-    "RANK_FAULTS",
-    "CheckpointConfig",
-    "FaultConfig",
-    "LoggingConfig",
-    "OptimConfig",
-    "ScheduleConfig",
-    "SpikesConfig",
-    "TrainConfig",
-    "WandbConfig",
-]

@@ -90,6 +90,3 @@ def build_context(
         module=TrainModule(cfg, engine, env.world_size, faults),
         checkpointer=Checkpointer(layout.checkpoints, cfg.checkpoint, env.rank, env.world_size),
     )
-
-
-__all__ = ["RunContext", "build_context"]

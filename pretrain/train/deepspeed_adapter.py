@@ -448,28 +448,3 @@ def capture_checkpoint_files(engine: Any, keep: Callable[[Any], Any]) -> Iterato
         yield captured
     finally:
         engine.checkpoint_engine = real
-
-
-__all__ = [
-    "DESIGNED_FOR",
-    "RELIES_ON",
-    "CapturedFiles",
-    "OptimizerWrapper",
-    "Reliance",
-    "advance_schedule",
-    "capture_checkpoint_files",
-    "changed",
-    "compile_backend",
-    "compile_blocks",
-    "compile_engine",
-    "comms_log",
-    "init_distributed",
-    "initialize",
-    "inner_optimizer",
-    "load_universal",
-    "quiet_logs",
-    "reset_comms_log",
-    "stepped_optimizer",
-    "wrap_engine_calls",
-    "wrap_stepped_optimizer",
-]

@@ -268,18 +268,3 @@ def build_engine(
     if compiled and t.compile_regions == "model":
         deepspeed_adapter.compile_engine(engine)
     return engine
-
-
-__all__ = [
-    "ARCH_LIST",
-    "AUTO_COMPILE",
-    "RunPlanner",
-    "build_engine",
-    "build_optimizer",
-    "deepspeed_arch_list",
-    "deepspeed_config",
-    "optimizer_impl",
-    "param_groups",
-    "resolve_compile",
-    "resolve_recompute",
-]

@@ -73,12 +73,3 @@ def convert_to_fp8(model: nn.Module, recipe: str, emulate: bool) -> list[str]:
 def fp8_layers(model: nn.Module) -> list[str]:
     """The names of the model's layers that run in fp8 (after convert_to_fp8)."""
     return [n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"]
-
-
-__all__ = [
-    "GEMM_MULTIPLE",
-    "RECIPES",
-    "convert_to_fp8",
-    "fp8_layer",
-    "fp8_layers",
-]

@@ -277,16 +277,3 @@ def _output(p: PendingStep) -> StepOutput:
         events=(*r.events, *(("spikes", line) for line in lines)),
         images=MappingProxyType(dict(r.images)),
     )
-
-
-__all__ = [
-    "GRAD_NORM",
-    "LOSS",
-    "REDUCTIONS",
-    "PendingStep",
-    "Reduce",
-    "StepMetrics",
-    "StepRecord",
-    "reduce_over_ranks",
-    "spike_report",
-]

@@ -170,6 +170,3 @@ def settle(steps: list[PendingStep], guard: StepGuard) -> None:
             p.verdict = guard.judge(judged, p.host[LOSS], p.host.get(GRAD_NORM))
         else:
             p.verdict = judged
-
-
-__all__ = ["TrainModule", "settle"]

@@ -73,6 +73,3 @@ class Publisher:
     def close(self, trainer: Trainer, exit_code: int | None) -> None:
         for sink in self.sinks:
             sink.close(trainer, exit_code)
-
-
-__all__ = ["Publisher", "Sink"]

@@ -64,6 +64,3 @@ class Notice:
 
 
 Record = StepOutput | Rewound | Notice
-
-
-__all__ = ["Notice", "Record", "Rewound", "StepOutput"]

@@ -177,16 +177,3 @@ def saved_states(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     if "spike_detector" in state:
         callbacks.setdefault("spikes", state["spike_detector"])
     return state.get("spike_guard", callbacks.get("spikes", {})), callbacks
-
-
-__all__ = [
-    "check_same_model",
-    "config_changes",
-    "drop_stale_checkpoints",
-    "next_data_step",
-    "plan_rollback",
-    "record_rollback",
-    "saved_states",
-    "trainer_state",
-    "warn_config_changes",
-]

@@ -157,14 +157,3 @@ def universal_loading(engine, on: bool = True) -> Iterator[None]:
         # DeepSpeed's universal load calls a torch collective that torch deprecates.
         warnings.filterwarnings("ignore", ".*all_gather_into_tensor", FutureWarning)
         yield
-
-
-__all__ = [
-    "ReshardError",
-    "convert_to_universal",
-    "load_location",
-    "needs_universal",
-    "saved_ranks",
-    "universal_loading",
-    "universal_ready",
-]

@@ -367,16 +367,3 @@ def build_sinks(cfg: Config) -> list[Sink]:
         if issubclass(cls, Sink):
             out.append(cls(**{k: v for k, v in spec.items() if k != "class"}))
     return out
-
-
-__all__ = [
-    "Console",
-    "MetricsFile",
-    "TensorBoard",
-    "Wandb",
-    "build_sinks",
-    "describe_positions",
-    "format_eta",
-    "format_tokens",
-    "spike_policy",
-]

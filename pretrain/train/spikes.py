@@ -407,17 +407,3 @@ class DataWindows:
                 if a <= data_step <= b:
                     data_step, moved = b + 1, True
         return data_step
-
-
-__all__ = [
-    "DataWindows",
-    "Rollback",
-    "SkipStepOptimizer",
-    "Spike",
-    "SpikeDetector",
-    "StepGuard",
-    "Unjudged",
-    "Verdict",
-    "read_rollbacks",
-    "write_rollbacks",
-]

@@ -261,17 +261,3 @@ def pickle_files(folder: Path) -> list[str]:
         if p.is_file() and not _OURS.match(rel) and _is_pickle(p):
             out.append(rel)
     return out
-
-
-__all__ = [
-    "RNG_FORMAT",
-    "RngStateError",
-    "pickle_files",
-    "read_rng_state",
-    "reseed",
-    "rng_file_problem",
-    "rng_state",
-    "seed_python_numpy",
-    "seed_value",
-    "set_rng_state",
-]

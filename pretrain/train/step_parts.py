@@ -127,6 +127,3 @@ class StragglerWatch:
                     )
                 )
         return named
-
-
-__all__ = ["OWN", "PARTS", "PartTimer", "Straggler", "StragglerWatch"]

@@ -373,6 +373,3 @@ class Trainer:
 def train(cfg: Config, data: DataSource | None = None, **kwargs: Any) -> int:
     """Train (or resume) the run `cfg` describes (Trainer's arguments): EXIT_OK, EXIT_PREEMPTED."""
     return Trainer(cfg, data, **kwargs).fit()
-
-
-__all__ = ["Trainer", "train"]

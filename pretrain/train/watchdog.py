@@ -382,15 +382,3 @@ def default_store() -> Any:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     return dist.distributed_c10d._get_default_store()
-
-
-__all__ = [
-    "Watchdog",
-    "default_store",
-    "format_stacks",
-    "current_phase",
-    "main_thread_position",
-    "slow_phase",
-    "ranks_text",
-    "short_path",
-]

@@ -162,6 +162,3 @@ class RopeLMConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.use_cache = use_cache
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
-
-
-__all__ = ["RopeLMConfig"]

@@ -539,6 +539,3 @@ class RopeLMForCausalLM(RopeLMPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, **{CACHE_FIELD: getattr(out, CACHE_FIELD)}
         )
-
-
-__all__ = ["RopeLMForCausalLM", "RopeLMModel", "RopeLMPreTrainedModel"]

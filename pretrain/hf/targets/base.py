@@ -330,22 +330,3 @@ def rope_from_hf(hf_cfg: Any) -> tuple[float, RopeScalingConfig | None]:
         f"rope_type {kind!r} (RoPE scaling) is not supported; linear, dynamic, yarn and "
         f"llama3 convert exactly"
     )
-
-
-__all__ = [
-    "LAYER_TYPES",
-    "HFConversionError",
-    "Target",
-    "TensorMap",
-    "block_name",
-    "common_model_fields",
-    "decoupled_head_dim",
-    "hf_windows",
-    "hf_rope_parameters",
-    "native_limits",
-    "neox_theta",
-    "position_limits",
-    "rope_from_hf",
-    "rotary_factor",
-    "windows_from_hf",
-]

@@ -287,14 +287,3 @@ def rotary_fields(hf_cfg: Any) -> dict[str, Any]:
         "rope_theta": float(rope.get("rope_theta", 10000.0)),
         "rope_scaling": None,
     }
-
-
-__all__ = [
-    "LAYER_NAMES",
-    "TOP_NAMES",
-    "Llama",
-    "llama_tensor_map",
-    "rope_parameters",
-    "rotary_fields",
-    "rotary_order",
-]

@@ -40,6 +40,3 @@ class Mistral(llama.Llama):
     def model_config(self, hf_cfg: Any) -> ModelConfig:
         fields = {**self.layer_fields(hf_cfg), **llama.rotary_fields(hf_cfg)}
         return ModelConfig(**fields, sliding_window=hf_cfg.sliding_window)
-
-
-__all__ = ["Mistral"]

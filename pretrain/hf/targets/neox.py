@@ -168,6 +168,3 @@ class GPTNeoX(Target):
             )
         out["gpt_neox.final_layer_norm.bias"] = (d,)
         return out
-
-
-__all__ = ["LAYER_NAMES", "TOP_NAMES", "GPTNeoX", "neox_qkv"]

@@ -89,6 +89,3 @@ class Phi3(llama.Llama):
         if i is None or module not in ("attn.qkv", "mlp.w_in"):
             return llama.llama_tensor_map(cfg, name)
         return TensorMap((f"model.layers.{i}.{LAYER_NAMES[module]}.{leaf}",))
-
-
-__all__ = ["Phi3"]

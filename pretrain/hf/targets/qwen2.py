@@ -62,6 +62,3 @@ class Qwen2(llama.Llama):
 
     def tensor_map(self, cfg: ModelConfig, name: str) -> TensorMap:
         return llama.llama_tensor_map(cfg, name, order=llama.rotary_order(cfg))
-
-
-__all__ = ["Qwen2"]

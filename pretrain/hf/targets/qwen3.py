@@ -57,6 +57,3 @@ class Qwen3(llama.Llama):
 
     def tensor_map(self, cfg: ModelConfig, name: str) -> TensorMap:
         return llama.llama_tensor_map(cfg, name, LAYER_NAMES, order=llama.rotary_order(cfg))
-
-
-__all__ = ["Qwen3"]

@@ -121,6 +121,3 @@ class RopeLM(Target):
         from pretrain.hf.remote_code.modeling_rope_lm import RopeLMForCausalLM
 
         return RopeLMForCausalLM(config).float()
-
-
-__all__ = ["AUTO_MAP", "LAYER_NAMES", "REMOTE_CODE_DIR", "REMOTE_FILES", "TOP_NAMES", "RopeLM"]

@@ -77,6 +77,3 @@ class SmolLM3(llama.Llama):
             nope_layers=nope if 0 < len(nope) < n else None,
             **windows_from_hf(hf_cfg),
         )
-
-
-__all__ = ["SmolLM3"]

@@ -32,6 +32,3 @@ class Samples(Callback):
                 )
                 print("-" * 60 + "\n" + tok.decode(out[0].tolist()), flush=True)
         print("-" * 60, flush=True)
-
-
-__all__ = ["Samples"]

@@ -70,6 +70,3 @@ def run_due(
     record.evaluation = results
     record.scalars.update(results)
     return results
-
-
-__all__ = ["Evaluator", "run_due"]

@@ -201,6 +201,3 @@ def _from_rank0(values: dict[str, float]) -> dict[str, float]:
     box = [values]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
-
-
-__all__ = ["DOWNSTREAM_DIR", "EXAMPLES_FILE", "DownstreamEvaluation"]

@@ -53,6 +53,3 @@ class PositionEvaluation(Evaluator):
         if self.image:
             record.images["valid_position/curve"] = curve_image(stats, record.step)
         return out
-
-
-__all__ = ["PositionEvaluation"]

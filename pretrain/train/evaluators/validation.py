@@ -25,6 +25,3 @@ class Validation(Evaluator):
         results = evaluate_loss(run.module.model, batches, **run.text_units)
         results.pop("tokens", None)
         return {f"valid/{k}": v for k, v in results.items()}
-
-
-__all__ = ["Validation"]
