@@ -108,6 +108,3 @@ class StudySlurm(Slurm):
     """One Slurm job array for the study's runs instead of a script per run."""
     max_running: Int | None = Field(None, ge=1)
     """With array: at most N of the study's runs at once (%N)."""
-
-
-__all__ = ["Slurm", "StudySlurm", "time_limit_s"]

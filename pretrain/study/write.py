@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from pretrain.run_layout import atomic_write
+from pretrain.slurm_limits import time_limit_s
 from pretrain.study.runs import Study, StudyRun, as_array, relative_path
-from pretrain.study.slurm import time_limit_s
 
 LAUNCH = "slurm/launch.sh"
 
