@@ -20,6 +20,7 @@ import contracts
 import pytest
 import tomllib
 from architecture import (
+    LIMITS,
     PACKAGE,
     ROOT,
     attributes_outside_init,
@@ -265,10 +266,19 @@ def test_exit_codes_are_the_ones_slurm_requeues():
         assert re.search(rf"^{name}={getattr(exit_codes, name)}\b", script, re.M), name
 
 
-def test_planner_modules_are_small():
+def test_planner_is_a_package_of_parts():
     sizes = {m.name: m.lines for m in MODULES.values() if m.name.startswith("pretrain.planner")}
     assert len(sizes) >= 4, f"pretrain/planner/ should be a package of parts: {sizes}"
-    assert max(sizes.values()) <= 600, sizes
+
+
+def test_no_module_is_over_its_limit():
+    over = {m.name: m.lines for m in MODULES.values() if m.lines > LIMITS["module lines"]}
+    assert not over
+
+
+def test_config_and_studies_are_within_their_limit():
+    """The config and the studies, counted over every file they live in (CONFIG_AND_STUDIES)."""
+    assert config_and_studies_lines() <= LIMITS["config and studies lines"]
 
 
 def test_planner_rebinds_no_globals():
@@ -287,8 +297,8 @@ def test_planner_rebinds_no_globals():
 
 def test_trainer_is_a_short_loop():
     trainer = PACKAGE / "train" / "trainer.py"
-    assert len(trainer.read_text().splitlines()) <= 380
-    assert 0 < function_lines(trainer, "Trainer.rollback") <= 20
+    assert len(trainer.read_text().splitlines()) <= LIMITS["trainer.py lines"]
+    assert 0 < function_lines(trainer, "Trainer.rollback") <= LIMITS["Trainer.rollback lines"]
     assert attributes_outside_init(trainer, "Trainer") == set()
     assert attributes_outside_init(PACKAGE / "train" / "module.py", "TrainModule") == set()
 
@@ -302,7 +312,7 @@ def test_the_step_has_no_fault_argument():
 
 def test_callbacks_use_a_small_view_of_the_trainer():
     names = trainer_names_used_by_callbacks()
-    assert len(names) <= 12, sorted(names)
+    assert len(names) <= LIMITS["trainer names used by callbacks"], sorted(names)
     assert "guard" not in names
 
 
@@ -504,18 +514,18 @@ def test_the_model_loads_its_own_section_and_no_other():
     assert not loaded & {*others, "pretrain.eval.config"}, loaded
 
 
-def test_the_docs_figures_are_what_the_code_measures():
-    """docs/architecture.md's figures table against tests/architecture.py's measurements."""
+def test_the_docs_figures_table_states_the_limits_the_tests_hold():
+    """docs/architecture.md's figures table gives each figure's limit (the figures themselves,
+    which move with every edit, are `python tests/architecture.py`'s to print)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    trainer = PACKAGE / "train" / "trainer.py"
-    longest = max(MODULES.values(), key=lambda m: m.lines)
     rows = {
-        "imports of our modules inside functions": f"{sum(len(m.inner) for m in MODULES.values())}",
-        "longest module": f"`pretrain/{longest.name.removeprefix('pretrain.').replace('.', '/')}.py`, "
-        f"{longest.lines} lines",
-        "config and studies": f"{config_and_studies_lines():,} lines",
-        "`train/trainer.py`": f"{len(trainer.read_text().splitlines())} lines, `Trainer.rollback` "
-        f"{function_lines(trainer, 'Trainer.rollback')}",
+        "import circles": "none",
+        "longest module": f"at most {LIMITS['module lines']} lines",
+        "config and studies": f"at most {LIMITS['config and studies lines']:,} lines",
+        "`train/trainer.py`": f"at most {LIMITS['trainer.py lines']} lines, `Trainer.rollback` "
+        f"at most {LIMITS['Trainer.rollback lines']}",
+        "Trainer attributes created outside `__init__`": "none",
+        "trainer names used by callbacks": f"at most {LIMITS['trainer names used by callbacks']}",
     }
     for figure, value in rows.items():
         line = next(x for x in text.splitlines() if x.startswith(f"| {figure}"))
