@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import io
 import json
 import math
@@ -286,16 +287,27 @@ def _wait(what, cond, timeout: float = 240.0, proc=None) -> None:
         time.sleep(0.2)
 
 
-def _alive(pid: int) -> bool:
+def _task_states(pid: int) -> list[str]:
+    """The state of each thread of process `pid`, the main thread's first ([] once it is gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose; its parent (the killed executor) is gone, init reaps it.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        tasks = sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name))
     except OSError:
-        return False
+        return []
+    states = []
+    for task in tasks:
+        try:  # the state follows the command's name, which may hold spaces: after ")"
+            states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+        except (OSError, IndexError):
+            continue  # that thread has just ended
+    return states
+
+
+def _alive(pid: int) -> bool:
+    """Whether any thread of process `pid` still runs. A zombie is dead for our purpose (its
+    parent, the killed executor, is gone; init reaps it), but the main thread turns zombie
+    before the others end: until the last one has, the process keeps its files open, the
+    run's lock among them (a busy machine made that window long enough to see)."""
+    return any(state not in ("Z", "X") for state in _task_states(pid))
 
 
 _FORKS_A_WORKER = """
@@ -310,6 +322,36 @@ if child == 0:  # a DataLoader worker that outlives the run by a few seconds
     os._exit(0)
 print(child, flush=True)
 """
+
+
+_MAIN_THREAD_ENDS_FIRST = """
+import ctypes, fcntl, os, sys, threading, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+threading.Thread(target=lambda: (time.sleep(1.5), os._exit(0))).start()
+print(os.getpid(), flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_process_whose_main_thread_ended_is_alive_while_a_thread_holds_its_files(tmp_path):
+    """`_alive`, which the killed-executor test waits on: a zombie main thread is not the end
+    of a process whose other threads still run, and still hold the run's lock."""
+    lock = tmp_path / "run.lock"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MAIN_THREAD_ENDS_FIRST, str(lock)], stdout=subprocess.PIPE
+    )
+    pid = int(proc.stdout.readline())
+    _wait("the main thread to end", lambda: _task_states(pid)[:1] == ["Z"], timeout=10)
+    assert _alive(pid)
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    proc.wait(timeout=30)
+    assert not _alive(pid)
 
 
 @pytest.mark.parametrize("kept", [True, False], ids=["kept_from_children", "shared"])
