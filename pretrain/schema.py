@@ -289,7 +289,7 @@ def config_error(
     """Pydantic's first error as our one line: the dotted key, the value, the problem, the fix.
     `top` names the whole mapping in an unknown top-level key's line."""
     errors = e.errors(include_url=False)
-    # An unknown key first: in a union (`seeds: {valuse: ...}`) it is the mistake, not the type.
+    # An unknown key first: beside another error (`slurm: {nodes: 0, nodse: 1}`) it is the mistake.
     err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     key, section, annotation, info, union = prefix, cls, None, None, False
     parent, named = prefix, False
@@ -302,8 +302,6 @@ def config_error(
             continue
         fields = yaml_keys(section) if section is not None else {}
         unknown = err["type"] == "extra_forbidden" and part == err["loc"][-1]
-        if section is not None and part == section.__name__ and not unknown:
-            continue  # the union member that is this section: its fields come next
         if part not in fields and not unknown:
             # A union's member tag: the value fits none of the field's types, unless it has
             # the type of a member and is outside that member's bounds

@@ -325,10 +325,10 @@ print(child, flush=True)
 
 
 _MAIN_THREAD_ENDS_FIRST = """
-import ctypes, fcntl, os, sys, threading, time
+import ctypes, fcntl, os, sys, threading
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
-threading.Thread(target=lambda: (time.sleep(1.5), os._exit(0))).start()
+threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0))).start()  # until the test says
 print(os.getpid(), flush=True)
 ctypes.CDLL(None).pthread_exit(None)
 """
@@ -339,10 +339,12 @@ def test_a_process_whose_main_thread_ended_is_alive_while_a_thread_holds_its_fil
     of a process whose other threads still run, and still hold the run's lock."""
     lock = tmp_path / "run.lock"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _MAIN_THREAD_ENDS_FIRST, str(lock)], stdout=subprocess.PIPE
+        [sys.executable, "-c", _MAIN_THREAD_ENDS_FIRST, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     pid = int(proc.stdout.readline())
-    _wait("the main thread to end", lambda: _task_states(pid)[:1] == ["Z"], timeout=10)
+    _wait("the main thread to end", lambda: _task_states(pid)[:1] == ["Z"], timeout=60)
     assert _alive(pid)
     fd = os.open(lock, os.O_RDONLY)
     try:
@@ -350,6 +352,7 @@ def test_a_process_whose_main_thread_ended_is_alive_while_a_thread_holds_its_fil
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     finally:
         os.close(fd)
+    proc.stdin.close()  # the other thread ends the process
     proc.wait(timeout=30)
     assert not _alive(pid)
 

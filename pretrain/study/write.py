@@ -26,9 +26,12 @@ _Dumper.add_representer(
 )
 
 
-def _header(study: Study, run: StudyRun, name: str) -> list[str]:
-    """The comment lines above a written config or a job script's #SBATCH lines."""
-    return [f"# {name}: {run.description}.", f"# {study.generated}"]
+def _header(study: Study, name: str, description: str, script: str | None = None) -> list[str]:
+    """The comment lines above a written config, or above a job script's #SBATCH lines."""
+    lines = [f"# {name}: {description}.", f"# {study.generated}"]
+    if script is not None:
+        lines.append(f"# Submit from the repository root: sbatch {script} [--set key=value ...]")
+    return lines
 
 
 def _launch_args(run: StudyRun) -> str:
@@ -43,7 +46,7 @@ def render_run_config(study: Study, run: StudyRun) -> str:
     """The config file of a run: the header's comment lines, then the YAML."""
     name = run.stem if run.overrides else run.name  # a shared file is the group's
     text = yaml.dump(run.config_file, Dumper=_Dumper, sort_keys=False, width=100)
-    return "\n".join([*_header(study, run, name), text])
+    return "\n".join([*_header(study, name, run.description), text])
 
 
 def render_run_script(study: Study, run: StudyRun) -> str:
@@ -52,8 +55,7 @@ def render_run_script(study: Study, run: StudyRun) -> str:
     return "\n".join(
         [
             "#!/bin/bash",
-            *_header(study, run, run.name),
-            f"# Submit from the repository root: sbatch {run.script_path} [--set key=value ...]",
+            *_header(study, run.name, run.description, run.script_path),
             *run.slurm.lines(run.job_name),
             "",
             f'exec {LAUNCH} {_launch_args(run)} "$@"',
@@ -72,9 +74,12 @@ def render_array_script(study: Study) -> str:
     header = max(slurms, key=lambda s: time_limit_s(s.time))
     lines = [
         "#!/bin/bash",
-        f"# {study.name}: {study.description or 'a study'}; a Slurm job array of {n} runs.",
-        f"# {study.generated}",
-        f"# Submit from the repository root: sbatch {study.array_script} [--set key=value ...]",
+        *_header(
+            study,
+            study.name,
+            f"{study.description or 'a study'}; a Slurm job array of {n} runs",
+            study.array_script,
+        ),
         "# Task i trains run i of `python tools/study.py list "
         f"{relative_path(study.path, study.repo)}` (the case below names each).",
         *header.lines(study.name, array=f"0-{n - 1}{cap}"),
